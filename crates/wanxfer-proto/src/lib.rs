@@ -1,0 +1,165 @@
+//! wanxfer's wire protocol, with no I/O.
+//!
+//! A session is one control connection plus any number of data channels. Every
+//! connection starts with a [`Preamble`] saying what it is. The control connection then
+//! carries [`Message`]s in checksummed frames ([`encode_frame`], [`FrameHeader`]); a data
+//! channel carries one [`Message::ChannelJoin`] frame and then blocks: a fixed
+//! [`BlockHeader`], a table of [`Segment`]s saying which file bytes the block holds, and
+//! the payload.
+//!
+//! Callers own the sockets: they read [`FrameHeader::LEN`] bytes, call
+//! [`FrameHeader::decode`] (which refuses lengths past [`MAX_FRAME_BODY`] before anything
+//! is allocated), read the body, and call [`Message::decode`]. The authentication
+//! handshake is the state machines in [`handshake`]. Nothing here touches a socket, the
+//! clock or a random number generator, which is what makes it fuzzable (`fuzz/`) and lets
+//! the same session code drive TCP and libfabric.
+//!
+//! What this crate does not do: decide policy. Local limits (block size, window, how many
+//! files may be open) are the engine's; this crate only enforces the protocol-wide
+//! ceilings that keep decoding itself bounded.
+
+mod block;
+mod codec;
+pub mod handshake;
+mod message;
+mod path;
+
+pub use block::{BlockHeader, Segment, BLOCK_MAGIC, MAX_BLOCK_PAYLOAD, MAX_SEGMENTS};
+pub use codec::{Decoder, Encoder};
+pub use message::*;
+pub use path::{check_name, PathError, RelPath, MAX_NAME_BYTES, MAX_PATH_BYTES};
+
+/// The protocol version this build speaks. Bump it when a frame's meaning changes; new
+/// optional behaviour is negotiated with [`features`] bits instead.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Feature bits exchanged in [`Hello`]. A bit once used is never reused for something else:
+/// retired bits stay here as comments.
+pub mod features {
+    /// Blocks carry a CRC-32C of their payload.
+    pub const BLOCK_CRC32C: u64 = 1 << 0;
+    /// Files are verified with a 128-bit XXH3 digest.
+    pub const FILE_XXH3_128: u64 = 1 << 1;
+    /// Reserved: TLS 1.3 on the control channel (later).
+    pub const TLS: u64 = 1 << 2;
+    /// Data channels may be libfabric endpoints using [`crate::Message::Credit`] grants.
+    pub const FABRIC: u64 = 1 << 3;
+    /// Reserved: resume from a journal of finished blocks (later).
+    pub const RESUME: u64 = 1 << 4;
+
+    /// What this build implements.
+    pub const SUPPORTED: u64 = BLOCK_CRC32C | FILE_XXH3_128;
+}
+
+/// A decoding failure: always the peer's fault (or the network's), never ours.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    #[error("input ended {needed} bytes early")]
+    Truncated { needed: usize },
+    #[error("{what} is {len} long, more than the limit of {max}")]
+    TooLong {
+        what: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("{len} unexpected bytes after the end of a message")]
+    Trailing { len: usize },
+    #[error("not a wanxfer connection (bad magic)")]
+    BadMagic,
+    #[error("peer speaks protocol version {theirs}, this build speaks {PROTOCOL_VERSION}")]
+    Version { theirs: u16 },
+    #[error("unknown {what} {value}")]
+    Unknown { what: &'static str, value: u64 },
+    #[error("{what} checksum mismatch: corrupted in transit")]
+    Checksum { what: &'static str },
+    #[error("invalid path: {0}")]
+    Path(#[from] PathError),
+    #[error("invalid value: {0}")]
+    Invalid(&'static str),
+}
+
+/// First bytes on every connection, so that a port scanner, an HTTP client or an old
+/// version gets a clear refusal instead of a confusing decode error later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Preamble {
+    pub version: u16,
+    pub kind: ConnectionKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConnectionKind {
+    Control,
+    Data,
+}
+
+impl Preamble {
+    pub const LEN: usize = 16;
+    pub const MAGIC: [u8; 8] = *b"WANXFER\0";
+
+    pub fn new(kind: ConnectionKind) -> Self {
+        Preamble {
+            version: PROTOCOL_VERSION,
+            kind,
+        }
+    }
+
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        out[..8].copy_from_slice(&Self::MAGIC);
+        out[8..10].copy_from_slice(&self.version.to_le_bytes());
+        let kind: u16 = match self.kind {
+            ConnectionKind::Control => 0,
+            ConnectionKind::Data => 1,
+        };
+        out[10..12].copy_from_slice(&kind.to_le_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8; Self::LEN]) -> Result<Self, DecodeError> {
+        if bytes[..8] != Self::MAGIC {
+            return Err(DecodeError::BadMagic);
+        }
+        let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+        if version != PROTOCOL_VERSION {
+            return Err(DecodeError::Version { theirs: version });
+        }
+        let kind = match u16::from_le_bytes([bytes[10], bytes[11]]) {
+            0 => ConnectionKind::Control,
+            1 => ConnectionKind::Data,
+            other => {
+                return Err(DecodeError::Unknown {
+                    what: "connection kind",
+                    value: other.into(),
+                })
+            }
+        };
+        Ok(Preamble { version, kind })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preamble_round_trips_and_rejects_http() {
+        let p = Preamble::new(ConnectionKind::Data);
+        assert_eq!(Preamble::decode(&p.encode()), Ok(p));
+        assert_eq!(
+            Preamble::decode(b"GET / HTTP/1.1\r\n"),
+            Err(DecodeError::BadMagic)
+        );
+    }
+
+    #[test]
+    fn preamble_names_a_version_mismatch() {
+        let mut bytes = Preamble::new(ConnectionKind::Control).encode();
+        bytes[8] = 9;
+        assert_eq!(
+            Preamble::decode(&bytes),
+            Err(DecodeError::Version { theirs: 9 })
+        );
+    }
+}

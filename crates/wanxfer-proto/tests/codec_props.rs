@@ -1,0 +1,269 @@
+//! Property tests for the frame and block codecs: every message survives a round trip,
+//! every truncated or extended frame is an error (never a panic), and arbitrary bytes never
+//! panic the decoders.
+
+use proptest::prelude::*;
+use wanxfer_proto::*;
+
+fn rel_path() -> impl Strategy<Value = RelPath> {
+    prop::collection::vec("[a-zA-Z0-9 _.\\-\u{e9}\n]{1,12}", 0..4)
+        .prop_filter_map("valid path", |parts| {
+            RelPath::new(parts.join("/").as_bytes()).ok()
+        })
+}
+
+fn class() -> impl Strategy<Value = FailureClass> {
+    prop_oneof![
+        Just(FailureClass::Auth),
+        Just(FailureClass::Protocol),
+        Just(FailureClass::Integrity),
+        Just(FailureClass::Io),
+        Just(FailureClass::Refused),
+        Just(FailureClass::Limit),
+        Just(FailureClass::Internal),
+    ]
+}
+
+fn entry() -> impl Strategy<Value = Entry> {
+    (
+        0u8..3,
+        rel_path(),
+        any::<u64>(),
+        any::<u32>(),
+        any::<i64>(),
+        0u32..1_000_000_000,
+        prop::collection::vec(1u8..=255, 0..20),
+    )
+        .prop_map(|(k, path, size, mode, sec, nsec, target)| {
+            let kind = [EntryKind::File, EntryKind::Dir, EntryKind::Symlink][k as usize];
+            Entry {
+                kind,
+                path,
+                size,
+                mode,
+                mtime_sec: sec,
+                mtime_nsec: nsec,
+                link_target: if kind == EntryKind::Symlink {
+                    target
+                } else {
+                    Vec::new()
+                },
+            }
+        })
+}
+
+fn message() -> impl Strategy<Value = Message> {
+    prop_oneof![
+        (
+            any::<u16>(),
+            any::<u64>(),
+            any::<[u8; 32]>(),
+            prop::collection::vec(any::<u8>(), 0..64)
+        )
+            .prop_map(
+                |(version, features, nonce, software)| Message::Hello(Hello {
+                    version,
+                    features,
+                    nonce,
+                    software
+                })
+            ),
+        any::<[u8; 32]>().prop_map(|mac| Message::AuthProof { mac }),
+        any::<[u8; 32]>().prop_map(|mac| Message::AuthOk { mac }),
+        (class(), ".{0,40}").prop_map(|(c, m)| Message::Error(ErrorMsg::new(c, &m))),
+        (
+            any::<bool>(),
+            prop::collection::vec(rel_path(), 0..5),
+            any::<u32>(),
+            any::<u16>(),
+            any::<u32>(),
+            any::<u16>(),
+            any::<u32>(),
+            0u32..16,
+            any::<u64>()
+        )
+            .prop_map(
+                |(
+                    push,
+                    paths,
+                    source_count,
+                    streams,
+                    block_size,
+                    depth,
+                    window,
+                    flags,
+                    synthetic_bytes,
+                )| {
+                    Message::OpenSession(OpenSession {
+                        direction: if push {
+                            Direction::Push
+                        } else {
+                            Direction::Pull
+                        },
+                        transport: TransportKind::Tcp,
+                        paths,
+                        source_count,
+                        streams,
+                        block_size,
+                        depth,
+                        window,
+                        flags,
+                        synthetic_bytes,
+                    })
+                }
+            ),
+        (
+            any::<[u8; 16]>(),
+            any::<u16>(),
+            any::<u32>(),
+            any::<u16>(),
+            any::<u32>(),
+            any::<u32>()
+        )
+            .prop_map(|(session_id, streams, block_size, depth, window, flags)| {
+                Message::SessionAccepted(SessionAccepted {
+                    session_id,
+                    streams,
+                    block_size,
+                    depth,
+                    window,
+                    flags,
+                })
+            }),
+        (any::<u64>(), prop::collection::vec(entry(), 0..8))
+            .prop_map(|(first_id, entries)| Message::Manifest(Manifest { first_id, entries })),
+        (any::<u64>(), any::<u64>())
+            .prop_map(|(entries, bytes)| Message::ManifestEnd(ManifestEnd { entries, bytes })),
+        any::<u64>().prop_map(|through| Message::ManifestAck { through }),
+        prop::collection::vec(any::<u64>(), 0..50).prop_map(|ids| Message::FileAck { ids }),
+        (
+            any::<u64>(),
+            class(),
+            any::<u64>(),
+            prop::collection::vec(any::<u8>(), 0..50)
+        )
+            .prop_map(
+                |(id, class, offset, message)| Message::FileFailed(FileFailed {
+                    id,
+                    class,
+                    offset,
+                    message
+                })
+            ),
+        (
+            any::<u16>(),
+            prop::collection::vec(
+                (any::<u32>(), any::<u32>(), any::<u64>(), any::<u64>()),
+                0..10
+            )
+        )
+            .prop_map(|(channel, g)| Message::Credit(Credit {
+                channel,
+                grants: g
+                    .into_iter()
+                    .map(|(slot, len, addr, key)| SlotGrant {
+                        slot,
+                        len,
+                        addr,
+                        key
+                    })
+                    .collect()
+            })),
+        (any::<[u8; 16]>(), any::<u16>(), any::<[u8; 32]>()).prop_map(
+            |(session_id, index, proof)| Message::ChannelJoin(ChannelJoin {
+                session_id,
+                index,
+                proof
+            })
+        ),
+        Just(Message::Finish),
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(a, b, c, d)| {
+            Message::Stats(Stats {
+                cpu_user_us: a,
+                cpu_sys_us: b,
+                bytes: c,
+                files: d,
+            })
+        }),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn frames_round_trip(msg in message()) {
+        let mut buf = Vec::new();
+        encode_frame(&msg, &mut buf);
+        prop_assert_eq!(decode_frame(&buf).unwrap(), msg);
+    }
+
+    #[test]
+    fn every_truncated_frame_is_an_error(msg in message()) {
+        let mut buf = Vec::new();
+        encode_frame(&msg, &mut buf);
+        for cut in 0..buf.len() {
+            prop_assert!(decode_frame(&buf[..cut]).is_err(), "prefix of {} bytes accepted", cut);
+        }
+    }
+
+    #[test]
+    fn a_frame_with_trailing_bytes_is_an_error(msg in message(), extra in prop::collection::vec(any::<u8>(), 1..8)) {
+        let mut buf = Vec::new();
+        encode_frame(&msg, &mut buf);
+        buf.extend_from_slice(&extra);
+        prop_assert!(decode_frame(&buf).is_err());
+    }
+
+    #[test]
+    fn a_body_with_trailing_bytes_is_an_error_even_with_a_good_crc(msg in message()) {
+        let mut buf = Vec::new();
+        encode_frame(&msg, &mut buf);
+        let mut body = buf[FrameHeader::LEN..].to_vec();
+        body.push(0);
+        prop_assert!(Message::decode(buf[0], &body).is_err());
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(kind in any::<u8>(), body in prop::collection::vec(any::<u8>(), 0..300)) {
+        let _ = Message::decode(kind, &body);
+        let _ = decode_frame(&body);
+        if body.len() >= BlockHeader::LEN {
+            let fixed: &[u8; BlockHeader::LEN] = body[..BlockHeader::LEN].try_into().unwrap();
+            if let Ok(h) = BlockHeader::decode_fixed(fixed) {
+                let mut segs = Vec::new();
+                let _ = h.decode_segments(fixed, &body[BlockHeader::LEN..], &mut segs);
+            }
+        }
+    }
+
+    #[test]
+    fn oversized_frame_lengths_are_refused_from_the_header(len in (MAX_FRAME_BODY as u32 + 1)..) {
+        let mut h = [0u8; FrameHeader::LEN];
+        h[0] = 7;
+        h[4..8].copy_from_slice(&len.to_le_bytes());
+        let refused = matches!(FrameHeader::decode(&h), Err(DecodeError::TooLong { .. }));
+        prop_assert!(refused);
+    }
+
+    #[test]
+    fn block_headers_round_trip(
+        segs in prop::collection::vec((any::<u64>(), 0u64..u64::MAX / 2, 0u32..1 << 20, any::<bool>(), any::<[u8; 16]>()), 1..20),
+        tag in any::<u64>(), seq in any::<u64>(), crc in any::<u32>(),
+    ) {
+        let segments: Vec<Segment> = segs.into_iter().map(|(file_id, offset, len, last, digest)| Segment {
+            file_id, offset, len, flags: if last { Segment::FLAG_LAST } else { 0 }, digest,
+        }).collect();
+        let payload_len = segments.iter().map(|s| s.len).sum();
+        prop_assume!(payload_len <= MAX_BLOCK_PAYLOAD);
+        let h = BlockHeader { flags: BlockHeader::FLAG_PAYLOAD_CRC, segment_count: segments.len() as u16, payload_len, payload_crc: crc, session_tag: tag, sequence: seq };
+        let mut buf = Vec::new();
+        h.encode(&segments, &mut buf);
+        let fixed: &[u8; BlockHeader::LEN] = buf[..BlockHeader::LEN].try_into().unwrap();
+        let decoded = BlockHeader::decode_fixed(fixed).unwrap();
+        let mut out = Vec::new();
+        decoded.decode_segments(fixed, &buf[BlockHeader::LEN..], &mut out).unwrap();
+        prop_assert_eq!(decoded, h);
+        prop_assert_eq!(out, segments);
+        // A truncated segment table is refused, not misread.
+        prop_assert!(decoded.decode_segments(fixed, &buf[BlockHeader::LEN..buf.len() - 1], &mut Vec::new()).is_err());
+    }
+}
