@@ -309,6 +309,10 @@ pub enum Message {
     /// The client has everything it needs; the server answers with its [`Stats`].
     Finish,
     Stats(Stats),
+    /// The server accepted a data channel; blocks may flow.
+    ChannelAccepted {
+        index: u16,
+    },
 }
 
 impl Message {
@@ -329,6 +333,7 @@ impl Message {
             Message::ChannelJoin(_) => 13,
             Message::Finish => 14,
             Message::Stats(_) => 15,
+            Message::ChannelAccepted { .. } => 16,
         }
     }
 
@@ -399,6 +404,7 @@ impl Message {
                 e.u64(s.bytes);
                 e.u64(s.files);
             }
+            Message::ChannelAccepted { index } => e.u16(*index),
         }
     }
 
@@ -479,6 +485,7 @@ impl Message {
                 bytes: d.u64()?,
                 files: d.u64()?,
             }),
+            16 => Message::ChannelAccepted { index: d.u16()? },
             other => {
                 return Err(DecodeError::Unknown {
                     what: "message type",

@@ -1,0 +1,157 @@
+//! The engine's one error type.
+//!
+//! Variants keep the peer's faults (protocol, a refusal it reported) apart from ours
+//! (local I/O) and from the network's, because each class has its own exit code and its
+//! own remedy: fix the path, check the disk, check the link, or report a bug. Messages name
+//! the peer, the file and the offset where there is one.
+
+use std::fmt::Display;
+use std::io;
+
+use wanxfer_proto::{handshake::HandshakeError, DecodeError, ErrorMsg, FailureClass};
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("invalid request: {0}")]
+    Usage(String),
+    #[error("authentication with {peer} failed: {detail}")]
+    Auth { peer: String, detail: String },
+    #[error("network: {context} {peer}: {source}")]
+    Network {
+        peer: String,
+        context: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("protocol error from {peer}: {detail}")]
+    Protocol { peer: String, detail: String },
+    #[error("integrity: {path} at offset {offset}: {detail}")]
+    Integrity {
+        path: String,
+        offset: u64,
+        detail: String,
+    },
+    #[error("{op} {path}: {source}")]
+    LocalIo {
+        op: &'static str,
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("refused {path}: {reason}")]
+    Refused { path: String, reason: String },
+    #[error("limit exceeded: {0}")]
+    Limit(String),
+    #[error("{peer} reported: {message}")]
+    Remote {
+        peer: String,
+        class: FailureClass,
+        message: String,
+    },
+    #[error("{count} file(s) failed; first: {first}")]
+    Files { count: u64, first: Box<Error> },
+    #[error("transfer cancelled")]
+    Cancelled,
+}
+
+/// How an error should end the program; `wanxfer` maps each to an exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    Usage,
+    Auth,
+    Network,
+    Protocol,
+    Integrity,
+    LocalIo,
+    /// The peer refused or failed on its side (path outside its root, its disk full).
+    Remote,
+}
+
+impl Error {
+    pub fn local(op: &'static str, path: impl Display, source: io::Error) -> Self {
+        Error::LocalIo {
+            op,
+            path: path.to_string(),
+            source,
+        }
+    }
+
+    pub fn network(context: &'static str, peer: impl Display, source: io::Error) -> Self {
+        Error::Network {
+            peer: peer.to_string(),
+            context,
+            source,
+        }
+    }
+
+    pub fn protocol(peer: impl Display, detail: impl Display) -> Self {
+        Error::Protocol {
+            peer: peer.to_string(),
+            detail: detail.to_string(),
+        }
+    }
+
+    pub fn decode(peer: impl Display, e: DecodeError) -> Self {
+        Error::protocol(peer, e)
+    }
+
+    pub fn handshake(peer: impl Display, e: HandshakeError) -> Self {
+        match e {
+            HandshakeError::BadProof => Error::Auth {
+                peer: peer.to_string(),
+                detail: e.to_string(),
+            },
+            other => Error::protocol(peer, other),
+        }
+    }
+
+    pub fn remote(peer: impl Display, msg: &ErrorMsg) -> Self {
+        let message = String::from_utf8_lossy(&msg.message).into_owned();
+        match msg.class {
+            FailureClass::Auth => Error::Auth {
+                peer: peer.to_string(),
+                detail: message,
+            },
+            class => Error::Remote {
+                peer: peer.to_string(),
+                class,
+                message,
+            },
+        }
+    }
+
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Usage(_) => ErrorClass::Usage,
+            Error::Auth { .. } => ErrorClass::Auth,
+            Error::Network { .. } | Error::Cancelled => ErrorClass::Network,
+            Error::Protocol { .. } => ErrorClass::Protocol,
+            Error::Integrity { .. } => ErrorClass::Integrity,
+            Error::LocalIo { .. } | Error::Limit(_) => ErrorClass::LocalIo,
+            Error::Refused { .. } => ErrorClass::Remote,
+            Error::Remote { class, .. } => match class {
+                FailureClass::Protocol => ErrorClass::Protocol,
+                FailureClass::Integrity => ErrorClass::Integrity,
+                FailureClass::Auth => ErrorClass::Auth,
+                _ => ErrorClass::Remote,
+            },
+            Error::Files { first, .. } => first.class(),
+        }
+    }
+
+    /// The class a peer is told when this error ends a file or a session on our side.
+    pub fn wire_class(&self) -> FailureClass {
+        match self {
+            Error::Auth { .. } => FailureClass::Auth,
+            Error::Protocol { .. } => FailureClass::Protocol,
+            Error::Integrity { .. } => FailureClass::Integrity,
+            Error::LocalIo { .. } => FailureClass::Io,
+            Error::Refused { .. } | Error::Usage(_) => FailureClass::Refused,
+            Error::Limit(_) => FailureClass::Limit,
+            Error::Remote { class, .. } => *class,
+            Error::Files { first, .. } => first.wire_class(),
+            Error::Network { .. } | Error::Cancelled => FailureClass::Internal,
+        }
+    }
+}

@@ -1,0 +1,413 @@
+//! Every file system operation a peer can cause, confined beneath a held directory.
+//!
+//! A lexically clean [`RelPath`] is not enough: a symlink planted inside the tree (by a
+//! local user, or by an earlier transfer) could still point a write outside. So nothing
+//! here ever passes a multi-component path to a plain `open`: directories are resolved
+//! with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` from the root's descriptor, and
+//! the last component is then created, opened, renamed or removed with `*at` calls and
+//! `O_NOFOLLOW` relative to that directory. A symlink anywhere on the way is refused with
+//! an error naming the entry; a symlink at the final name is replaced, never followed.
+//!
+//! Files are written under a temporary name (`.wanxfer-<session>-<hash>.part`) in their
+//! final directory and renamed into place only after verification; [`TempFile`] removes
+//! its temporary on drop unless it was committed, so a failed session leaves no partial
+//! file under a final name and no litter.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Timespec, Timestamps};
+use wanxfer_proto::RelPath;
+
+use crate::Error;
+
+const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_MAGICLINKS);
+
+/// Permission bits we reproduce. Set-user-id, set-group-id and sticky bits from a peer are
+/// dropped: a transfer must not be a way to plant a setuid binary on a DTN.
+pub const MODE_MASK: u32 = 0o777;
+
+/// A directory that bounds every path resolved through it.
+#[derive(Debug)]
+pub struct Root {
+    fd: OwnedFd,
+    shown: PathBuf,
+}
+
+/// What a name refers to, without following symlinks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// Metadata of an entry, as read with `fstatat(AT_SYMLINK_NOFOLLOW)`.
+#[derive(Debug, Clone, Copy)]
+pub struct Meta {
+    pub kind: Kind,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime_sec: i64,
+    pub mtime_nsec: u32,
+}
+
+impl Root {
+    /// Opens `path` as a root; it must be an existing directory.
+    pub fn open(path: &Path) -> Result<Root, Error> {
+        let fd = rustix::fs::open(
+            path,
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| Error::local("open root directory", path.display(), e.into()))?;
+        Ok(Root {
+            fd,
+            shown: path.to_path_buf(),
+        })
+    }
+
+    /// Another handle on the same directory, for a session of its own.
+    pub fn try_clone(&self) -> Result<Root, Error> {
+        let fd = self
+            .fd
+            .try_clone()
+            .map_err(|e| Error::local("duplicate root handle", self.shown.display(), e))?;
+        Ok(Root {
+            fd,
+            shown: self.shown.clone(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.shown
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// How `rel` is shown in messages: the root's path joined with the escaped name.
+    pub fn show(&self, rel: &RelPath) -> String {
+        if rel.is_root() {
+            self.shown.display().to_string()
+        } else {
+            format!("{}/{}", self.shown.display(), rel)
+        }
+    }
+
+    /// Opens directory `rel` beneath the root, refusing symlinks and escapes.
+    pub fn dir(&self, rel: &RelPath) -> Result<OwnedFd, Error> {
+        if rel.is_root() {
+            return self
+                .fd
+                .try_clone()
+                .map_err(|e| Error::local("duplicate root handle", self.show(rel), e));
+        }
+        rustix::fs::openat2(
+            &self.fd,
+            OsStr::from_bytes(rel.as_bytes()),
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        )
+        .map_err(|e| self.resolve_error(rel, e))
+    }
+
+    /// Opens file `rel` for reading beneath the root, refusing symlinks and escapes.
+    pub fn open_file(&self, rel: &RelPath) -> Result<File, Error> {
+        rustix::fs::openat2(
+            &self.fd,
+            OsStr::from_bytes(rel.as_bytes()),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        )
+        .map(File::from)
+        .map_err(|e| self.resolve_error(rel, e))
+    }
+
+    /// Metadata of `rel` without following a final symlink; `None` if it does not exist.
+    pub fn meta(&self, rel: &RelPath) -> Result<Option<Meta>, Error> {
+        let Some((parent, name)) = rel.split_last() else {
+            return fd_meta(self.fd.as_fd())
+                .map(Some)
+                .map_err(|e| Error::local("stat", self.show(rel), e));
+        };
+        let dir = match self.dir(&parent) {
+            Ok(dir) => dir,
+            Err(Error::LocalIo { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
+        meta_at(dir.as_fd(), name).map_err(|e| Error::local("stat", self.show(rel), e))
+    }
+
+    fn resolve_error(&self, rel: &RelPath, e: rustix::io::Errno) -> Error {
+        match e {
+            // ELOOP: a symlink on the way; EXDEV: the path tried to leave the root.
+            rustix::io::Errno::LOOP | rustix::io::Errno::XDEV => Error::Refused {
+                path: self.show(rel),
+                reason: "the path goes through a symlink or leaves the root".into(),
+            },
+            rustix::io::Errno::NOTDIR => Error::Refused {
+                path: self.show(rel),
+                reason: "a component of the path is not a directory".into(),
+            },
+            e => Error::local("resolve", self.show(rel), e.into()),
+        }
+    }
+}
+
+/// Metadata of `name` in `dir`, not following symlinks; `None` if it does not exist.
+pub fn meta_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Option<Meta>> {
+    match rustix::fs::statat(dir, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(meta_from_stat(&st))),
+        Err(rustix::io::Errno::NOENT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub fn fd_meta(fd: BorrowedFd<'_>) -> io::Result<Meta> {
+    Ok(meta_from_stat(&rustix::fs::fstat(fd)?))
+}
+
+fn meta_from_stat(st: &rustix::fs::Stat) -> Meta {
+    let kind = match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => Kind::File,
+        FileType::Directory => Kind::Dir,
+        FileType::Symlink => Kind::Symlink,
+        _ => Kind::Other,
+    };
+    Meta {
+        kind,
+        size: st.st_size as u64,
+        mode: st.st_mode & 0o7777,
+        mtime_sec: st.st_mtime,
+        mtime_nsec: st.st_mtime_nsec as u32,
+    }
+}
+
+/// Creates directory `name` in `dir` (owner-only until its final mode is applied at the
+/// end of the session); an existing directory is fine, anything else there is refused.
+pub fn ensure_dir(dir: BorrowedFd<'_>, name: &[u8]) -> Result<(), io::Error> {
+    match rustix::fs::mkdirat(dir, OsStr::from_bytes(name), Mode::from_raw_mode(0o700)) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::EXIST) => match meta_at(dir, name)? {
+            Some(m) if m.kind == Kind::Dir => Ok(()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "exists and is not a directory",
+            )),
+        },
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Opens subdirectory `name` of `dir` without following a symlink.
+pub fn open_subdir(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(
+        dir,
+        OsStr::from_bytes(name),
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// Opens regular file `name` of `dir` for reading without following a symlink.
+pub fn open_file_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<File> {
+    Ok(File::from(rustix::fs::openat(
+        dir,
+        OsStr::from_bytes(name),
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?))
+}
+
+/// Reads the target of symlink `name` in `dir`.
+pub fn read_link_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Vec<u8>> {
+    let target = rustix::fs::readlinkat(dir, OsStr::from_bytes(name), Vec::new())?;
+    Ok(target.into_bytes())
+}
+
+/// The mtime both as `Timestamps` for `futimens`, leaving atime alone.
+fn mtime_only(sec: i64, nsec: u32) -> Timestamps {
+    Timestamps {
+        last_access: Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_OMIT,
+        },
+        last_modification: Timespec {
+            tv_sec: sec,
+            tv_nsec: nsec.into(),
+        },
+    }
+}
+
+/// Applies mode and mtime to an open file or directory.
+pub fn apply_meta(
+    fd: BorrowedFd<'_>,
+    mode: u32,
+    mtime_sec: i64,
+    mtime_nsec: u32,
+) -> io::Result<()> {
+    rustix::fs::fchmod(fd, Mode::from_raw_mode(mode & MODE_MASK))?;
+    rustix::fs::futimens(fd, &mtime_only(mtime_sec, mtime_nsec))?;
+    Ok(())
+}
+
+/// A file being written under a temporary name in its final directory.
+#[derive(Debug)]
+pub struct TempFile {
+    dir: OwnedFd,
+    temp_name: Vec<u8>,
+    final_name: Vec<u8>,
+    pub file: File,
+    committed: bool,
+}
+
+/// The temporary name for `final_name` in this session: hidden, fixed length (so a
+/// 255-byte final name still fits), and distinct per session so that two sessions writing
+/// the same name never share a temporary.
+pub fn temp_name(session_tag: u64, final_name: &[u8]) -> Vec<u8> {
+    let hash = xxhash_rust::xxh3::xxh3_64(final_name);
+    format!(".wanxfer-{session_tag:016x}-{hash:016x}.part").into_bytes()
+}
+
+impl TempFile {
+    /// Creates the temporary exclusively (`O_EXCL | O_NOFOLLOW`): an existing file or
+    /// symlink with that name is never opened.
+    pub fn create(dir: OwnedFd, final_name: &[u8], session_tag: u64) -> io::Result<TempFile> {
+        let temp_name = temp_name(session_tag, final_name);
+        let fd = rustix::fs::openat(
+            &dir,
+            OsStr::from_bytes(&temp_name),
+            OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?;
+        Ok(TempFile {
+            dir,
+            temp_name,
+            final_name: final_name.to_vec(),
+            file: File::from(fd),
+            committed: false,
+        })
+    }
+
+    /// Applies metadata and renames the temporary over the final name. A symlink at the
+    /// final name is replaced, not followed; a directory there makes the rename fail.
+    pub fn commit(mut self, mode: u32, mtime_sec: i64, mtime_nsec: u32) -> io::Result<()> {
+        apply_meta(self.file.as_fd(), mode, mtime_sec, mtime_nsec)?;
+        rustix::fs::renameat(
+            &self.dir,
+            OsStr::from_bytes(&self.temp_name),
+            &self.dir,
+            OsStr::from_bytes(&self.final_name),
+        )?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = rustix::fs::unlinkat(
+                &self.dir,
+                OsStr::from_bytes(&self.temp_name),
+                AtFlags::empty(),
+            );
+        }
+    }
+}
+
+/// Creates symlink `name` -> `target` in `dir` atomically (temporary, then rename), with
+/// the link's own mtime set. The target is stored as given and never resolved by us.
+pub fn place_symlink(
+    dir: BorrowedFd<'_>,
+    name: &[u8],
+    target: &[u8],
+    session_tag: u64,
+    mtime_sec: i64,
+    mtime_nsec: u32,
+) -> io::Result<()> {
+    let temp = temp_name(session_tag, name);
+    let temp = OsStr::from_bytes(&temp);
+    rustix::fs::symlinkat(OsStr::from_bytes(target), dir, temp)?;
+    let placed = rustix::fs::utimensat(
+        dir,
+        temp,
+        &mtime_only(mtime_sec, mtime_nsec),
+        AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .and_then(|()| rustix::fs::renameat(dir, temp, dir, OsStr::from_bytes(name)));
+    if placed.is_err() {
+        let _ = rustix::fs::unlinkat(dir, temp, AtFlags::empty());
+    }
+    Ok(placed?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rel(s: &str) -> RelPath {
+        RelPath::new(s.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn symlink_on_the_way_is_refused() {
+        let outside = tempfile::tempdir().unwrap();
+        let root_dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), root_dir.path().join("link")).unwrap();
+        let root = Root::open(root_dir.path()).unwrap();
+        let err = root.dir(&rel("link")).unwrap_err();
+        assert!(matches!(err, Error::Refused { .. }), "{err}");
+        let err = root.open_file(&rel("link/secret")).unwrap_err();
+        assert!(matches!(err, Error::Refused { .. }), "{err}");
+    }
+
+    #[test]
+    fn commit_replaces_a_planted_symlink_instead_of_following_it() {
+        let outside = tempfile::tempdir().unwrap();
+        let target = outside.path().join("victim");
+        std::fs::write(&target, b"precious").unwrap();
+        let root_dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(&target, root_dir.path().join("f")).unwrap();
+        let root = Root::open(root_dir.path()).unwrap();
+        let mut t = TempFile::create(root.dir(&RelPath::root()).unwrap(), b"f", 1).unwrap();
+        std::io::Write::write_all(&mut t.file, b"new").unwrap();
+        t.commit(0o644, 0, 0).unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"precious");
+        assert_eq!(std::fs::read(root_dir.path().join("f")).unwrap(), b"new");
+        assert!(!root_dir.path().join("f").is_symlink());
+    }
+
+    #[test]
+    fn uncommitted_temp_file_is_removed() {
+        let root_dir = tempfile::tempdir().unwrap();
+        let root = Root::open(root_dir.path()).unwrap();
+        let t = TempFile::create(root.dir(&RelPath::root()).unwrap(), b"f", 1).unwrap();
+        drop(t);
+        assert_eq!(std::fs::read_dir(root_dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn ensure_dir_refuses_a_file_in_the_way() {
+        let root_dir = tempfile::tempdir().unwrap();
+        std::fs::write(root_dir.path().join("x"), b"").unwrap();
+        let root = Root::open(root_dir.path()).unwrap();
+        let dir = root.dir(&RelPath::root()).unwrap();
+        assert!(ensure_dir(dir.as_fd(), b"x").is_err());
+        ensure_dir(dir.as_fd(), b"y").unwrap();
+        ensure_dir(dir.as_fd(), b"y").unwrap();
+    }
+}

@@ -1,0 +1,86 @@
+//! Counters a user interface can poll while a session runs, and CPU accounting.
+//!
+//! The engine never prints: it updates atomics, and whoever drives it (the CLI's
+//! progress bar, a benchmark, a test) reads them when it likes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Live counters of one session, seen from this side.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Payload bytes moved over the data channels.
+    pub bytes: AtomicU64,
+    /// Files verified and in place (or, discarding, fully received).
+    pub files: AtomicU64,
+    /// Bytes and files announced so far; final once the manifest is complete.
+    pub total_bytes: AtomicU64,
+    pub total_files: AtomicU64,
+    pub failed_files: AtomicU64,
+}
+
+impl Progress {
+    pub fn snapshot(&self) -> (u64, u64, u64, u64) {
+        (
+            self.bytes.load(Ordering::Relaxed),
+            self.files.load(Ordering::Relaxed),
+            self.total_bytes.load(Ordering::Relaxed),
+            self.total_files.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// User and system CPU time in microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuTime {
+    pub user_us: u64,
+    pub sys_us: u64,
+}
+
+fn rusage(who: libc::c_int) -> CpuTime {
+    // SAFETY: getrusage only writes into the struct we pass; a zeroed rusage is valid.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage; RUSAGE_SELF/RUSAGE_THREAD are valid `who`.
+    let rc = unsafe { libc::getrusage(who, &mut ru) };
+    if rc != 0 {
+        return CpuTime::default();
+    }
+    let us = |tv: libc::timeval| tv.tv_sec as u64 * 1_000_000 + tv.tv_usec as u64;
+    CpuTime {
+        user_us: us(ru.ru_utime),
+        sys_us: us(ru.ru_stime),
+    }
+}
+
+/// CPU used by the whole process so far.
+pub fn process_cpu() -> CpuTime {
+    rusage(libc::RUSAGE_SELF)
+}
+
+/// CPU used by the calling thread so far.
+pub fn thread_cpu() -> CpuTime {
+    rusage(libc::RUSAGE_THREAD)
+}
+
+/// Sums the CPU of the threads that worked for one session, so that a server running
+/// several sessions reports each one's own cost.
+#[derive(Debug, Default)]
+pub struct CpuMeter {
+    user_us: AtomicU64,
+    sys_us: AtomicU64,
+}
+
+impl CpuMeter {
+    /// Adds the calling thread's CPU; call once, as the thread ends.
+    pub fn add_this_thread(&self) {
+        let t = thread_cpu();
+        self.user_us.fetch_add(t.user_us, Ordering::Relaxed);
+        self.sys_us.fetch_add(t.sys_us, Ordering::Relaxed);
+    }
+
+    pub fn total(&self) -> CpuTime {
+        CpuTime {
+            user_us: self.user_us.load(Ordering::Relaxed),
+            sys_us: self.sys_us.load(Ordering::Relaxed),
+        }
+    }
+}

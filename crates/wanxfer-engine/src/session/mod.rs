@@ -1,0 +1,95 @@
+//! Sessions: one transfer between a client and a server.
+//!
+//! A session is a control connection (hello, mutual authentication, the request, the
+//! manifest, acknowledgements, the closing statistics) plus `streams` data channels that
+//! present a proof bound to the session before carrying blocks. The client always
+//! connects, whichever way data flows, so that only the server needs an open port.
+//! [`client`] and [`server`] set a session up; [`driver`] runs the sending or receiving
+//! role, which is the same code on either side.
+
+pub mod client;
+mod control;
+pub mod driver;
+pub mod server;
+
+pub use client::{run_client, ClientConfig, ClientJob, PullDest, Report};
+pub use server::{Server, ServerLimits};
+
+/// What a user may tune; the server clamps every value to its own limits.
+#[derive(Debug, Clone)]
+pub struct Tuning {
+    /// Parallel data channels (TCP streams).
+    pub streams: u16,
+    /// Bytes per block: the unit of reading, sending, checksumming and writing.
+    pub block_size: u32,
+    /// Blocks queued per channel beyond the one being sent.
+    pub depth: u16,
+    /// Reader threads on the sending side (local, never negotiated).
+    pub readers: usize,
+    /// Writer threads on the receiving side (local, never negotiated).
+    pub writers: usize,
+    /// Files announced ahead of acknowledgement: bounds both sides' per-file memory.
+    pub window: u32,
+    pub block_crc: bool,
+    pub file_digest: bool,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            streams: 2,
+            block_size: 4 << 20,
+            depth: 4,
+            readers: 2,
+            writers: 2,
+            window: 65_536,
+            block_crc: true,
+            file_digest: true,
+        }
+    }
+}
+
+/// The parameters a running session uses, agreed at its start.
+#[derive(Debug, Clone)]
+pub struct Params {
+    pub session_tag: u64,
+    pub streams: u16,
+    pub block_size: u32,
+    pub depth: u16,
+    pub window: u32,
+    pub readers: usize,
+    pub writers: usize,
+    pub block_crc: bool,
+    pub file_digest: bool,
+}
+
+impl Params {
+    /// Buffers in this side's pool: every channel's queue plus one in the hands of each
+    /// channel, reader and writer.
+    pub fn pool_blocks(&self) -> usize {
+        let streams = usize::from(self.streams);
+        (streams * (usize::from(self.depth) + 1) + self.readers + self.writers).max(4)
+    }
+}
+
+fn session_tag(id: &[u8; 16]) -> u64 {
+    u64::from_le_bytes(id[..8].try_into().expect("8 of 16 bytes"))
+}
+
+/// Fills `buf` from the operating system's random source.
+fn random<const N: usize>() -> Result<[u8; N], crate::Error> {
+    let mut buf = [0u8; N];
+    getrandom::fill(&mut buf).map_err(|e| {
+        crate::Error::local(
+            "read",
+            "the system random source",
+            std::io::Error::other(e.to_string()),
+        )
+    })?;
+    Ok(buf)
+}
+
+/// The destination name that means "discard": memory-to-memory runs, never a file.
+pub const DISCARD_PATH: &[u8] = b"dev/null";
+/// The source name that means "generate": memory-to-memory runs, never a file.
+pub const SYNTHETIC_PATH: &[u8] = b"dev/zero";

@@ -1,0 +1,663 @@
+//! The front end of the receiving side: where each entry lands and when a file is done.
+//!
+//! Blocks arrive on any channel in any order, so a file is finished not when "its last
+//! block" arrives but when its [`Coverage`] is complete and the sender's digest for it is
+//! known. Then the writer verifies (from the buffer when one segment held the whole file,
+//! otherwise by re-reading the temporary), applies mode and mtime, and renames it into
+//! place. Everything the peer says is checked against the manifest and local limits
+//! first: unknown ids, ranges past the announced size, overlapping data, or more files in
+//! progress than we allow end the session with a protocol or limit error, never a panic.
+//!
+//! This module does not read sockets; it is fed blocks by the transport and entries by the
+//! session.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use wanxfer_proto::{Entry, EntryKind, RelPath, Segment};
+use xxhash_rust::xxh3::{xxh3_128, Xxh3};
+
+use crate::fs::{self, Kind, Root, TempFile};
+use crate::pool::Block;
+use crate::Error;
+
+/// Where a transfer's top-level names land, decided once per session like `cp -r`.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    /// Directory (beneath the root) that receives the top-level entries.
+    pub base: RelPath,
+    /// A single source copied onto a new name takes that name.
+    pub rename_top: Option<Vec<u8>>,
+    /// Pull: the only top-level names the client asked for.
+    pub allowed_tops: Option<Vec<Vec<u8>>>,
+}
+
+impl Placement {
+    /// `cp -r` semantics for destination `dest` beneath `root` and `source_count` sources:
+    /// into `dest` if it is a directory, onto `dest` if there is one source, an error
+    /// otherwise.
+    pub fn resolve(root: &Root, dest: &RelPath, source_count: u32) -> Result<Placement, Error> {
+        let into = |base: RelPath| Placement {
+            base,
+            rename_top: None,
+            allowed_tops: None,
+        };
+        match root.meta(dest)? {
+            Some(m) if m.kind == Kind::Dir => Ok(into(dest.clone())),
+            _ if source_count == 1 => {
+                let (parent, name) = dest.split_last().expect("the root is a directory");
+                match root.meta(&parent)? {
+                    Some(m) if m.kind == Kind::Dir => Ok(Placement {
+                        base: parent,
+                        rename_top: Some(name.to_vec()),
+                        allowed_tops: None,
+                    }),
+                    _ => Err(Error::Refused {
+                        path: root.show(&parent),
+                        reason: "the destination's parent directory does not exist".into(),
+                    }),
+                }
+            }
+            Some(_) => Err(Error::Refused {
+                path: root.show(dest),
+                reason: "copying several sources needs a directory as destination".into(),
+            }),
+            None => Err(Error::Refused {
+                path: root.show(dest),
+                reason: "the destination directory does not exist".into(),
+            }),
+        }
+    }
+
+    /// Where manifest path `path` lands beneath the root.
+    pub fn map(&self, path: &RelPath) -> Result<RelPath, String> {
+        let (top, rest) = path
+            .split_first()
+            .ok_or_else(|| "an entry names the root itself".to_string())?;
+        if let Some(allowed) = &self.allowed_tops {
+            if !allowed.iter().any(|a| a == top) {
+                return Err(format!("the peer sent {path}, which was not asked for"));
+            }
+        }
+        let top = self.rename_top.as_deref().unwrap_or(top);
+        self.base
+            .join(top)
+            .and_then(|p| p.concat(&rest))
+            .map_err(|e| format!("{path}: {e}"))
+    }
+}
+
+/// Which byte ranges of a file have arrived, as merged intervals.
+#[derive(Debug, Default)]
+pub struct Coverage {
+    ranges: BTreeMap<u64, u64>,
+    bytes: u64,
+}
+
+/// Most separate ranges one file may have in flight: a sender interleaving tiny pieces
+/// would otherwise grow this without bound.
+pub const MAX_RANGES_PER_FILE: usize = 1 << 16;
+
+impl Coverage {
+    /// Adds `[start, end)`; refuses overlap with what is already there.
+    pub fn add(&mut self, start: u64, end: u64) -> Result<(), String> {
+        if start == end {
+            return Ok(());
+        }
+        let before = self
+            .ranges
+            .range(..=start)
+            .next_back()
+            .map(|(&s, &e)| (s, e));
+        let after = self.ranges.range(start..).next().map(|(&s, &e)| (s, e));
+        if before.is_some_and(|(_, e)| e > start) || after.is_some_and(|(s, _)| s < end) {
+            return Err(format!("bytes {start}..{end} were already received"));
+        }
+        let mut new_start = start;
+        let mut new_end = end;
+        if let Some((s, e)) = before.filter(|&(_, e)| e == start) {
+            self.ranges.remove(&s);
+            new_start = s;
+            debug_assert_eq!(e, start);
+        }
+        if let Some((s, e)) = after.filter(|&(s, _)| s == end) {
+            self.ranges.remove(&s);
+            new_end = e;
+        }
+        if self.ranges.len() >= MAX_RANGES_PER_FILE {
+            return Err("the file arrived in too many separate pieces".into());
+        }
+        self.ranges.insert(new_start, new_end);
+        self.bytes += end - start;
+        Ok(())
+    }
+
+    pub fn is_complete(&self, size: u64) -> bool {
+        self.bytes == size
+    }
+}
+
+/// A file the receiver has finished with, either way.
+#[derive(Debug)]
+pub enum Resolution {
+    Done { id: u64, bytes: u64 },
+    Failed { id: u64, error: Error },
+}
+
+#[derive(Debug)]
+struct Slot {
+    dest: RelPath,
+    size: u64,
+    mode: u32,
+    mtime_sec: i64,
+    mtime_nsec: u32,
+    state: Mutex<SlotState>,
+}
+
+#[derive(Debug, Default)]
+struct SlotState {
+    temp: Option<Arc<TempFile>>,
+    coverage: Coverage,
+    digest: Option<[u8; 16]>,
+    /// Set when one segment held the whole file and its digest was checked from memory.
+    verified: bool,
+}
+
+#[derive(Debug)]
+struct DirMeta {
+    dest: RelPath,
+    mode: u32,
+    mtime_sec: i64,
+    mtime_nsec: u32,
+}
+
+/// Local limits of a receiving side; never taken from the peer.
+#[derive(Debug, Clone)]
+pub struct SinkLimits {
+    pub max_open_files: usize,
+}
+
+impl Default for SinkLimits {
+    fn default() -> Self {
+        SinkLimits {
+            max_open_files: 512,
+        }
+    }
+}
+
+/// Where received data goes: files beneath a root, or nowhere (memory-to-memory).
+#[derive(Debug)]
+pub struct Sink {
+    target: Option<(Root, Placement)>,
+    peer: String,
+    session_tag: u64,
+    verify_digest: bool,
+    limits: SinkLimits,
+    slots: Mutex<HashMap<u64, Arc<Slot>>>,
+    failed: Mutex<HashSet<u64>>,
+    dirs: Mutex<Vec<DirMeta>>,
+    open_files: AtomicUsize,
+}
+
+impl Sink {
+    /// `target` is `None` to discard data after checking it.
+    pub fn new(
+        target: Option<(Root, Placement)>,
+        peer: String,
+        session_tag: u64,
+        verify_digest: bool,
+        limits: SinkLimits,
+    ) -> Sink {
+        Sink {
+            target,
+            peer,
+            session_tag,
+            verify_digest,
+            limits,
+            slots: Mutex::default(),
+            failed: Mutex::default(),
+            dirs: Mutex::default(),
+            open_files: AtomicUsize::new(0),
+        }
+    }
+
+    fn show(&self, rel: &RelPath) -> String {
+        match &self.target {
+            Some((root, _)) => root.show(rel),
+            None => format!("(discarded) {rel}"),
+        }
+    }
+
+    /// Takes in one manifest entry. Directories, symlinks and empty files are done at
+    /// once; a file with data becomes pending (`Ok(None)`) until its blocks arrive.
+    /// `Err` is for failures that must end the session (a full disk, say).
+    pub fn apply_entry(&self, id: u64, entry: &Entry) -> Result<Option<Resolution>, Error> {
+        let Some((root, placement)) = &self.target else {
+            return Ok(self.discard_entry(id, entry));
+        };
+        let dest = match placement.map(&entry.path) {
+            Ok(dest) => dest,
+            Err(reason) => return Err(Error::protocol(&self.peer, reason)),
+        };
+        match self.place_entry(root, id, &dest, entry) {
+            Ok(done) => Ok(done),
+            Err(e) if is_fatal(&e) => Err(e),
+            Err(error) => Ok(Some(Resolution::Failed { id, error })),
+        }
+    }
+
+    fn discard_entry(&self, id: u64, entry: &Entry) -> Option<Resolution> {
+        if entry.kind != EntryKind::File || entry.size == 0 {
+            return Some(Resolution::Done { id, bytes: 0 });
+        }
+        self.insert_slot(id, entry.path.clone(), entry);
+        None
+    }
+
+    fn place_entry(
+        &self,
+        root: &Root,
+        id: u64,
+        dest: &RelPath,
+        entry: &Entry,
+    ) -> Result<Option<Resolution>, Error> {
+        let (parent, name) = dest.split_last().ok_or_else(|| Error::Refused {
+            path: root.show(dest),
+            reason: "an entry names the destination root itself".into(),
+        })?;
+        let dir = root.dir(&parent)?;
+        let io = |op, e| Error::local(op, root.show(dest), e);
+        match entry.kind {
+            EntryKind::Dir => {
+                fs::ensure_dir(dir.as_fd(), name).map_err(|e| io("create directory", e))?;
+                self.dirs
+                    .lock()
+                    .expect("no panics while held")
+                    .push(DirMeta {
+                        dest: dest.clone(),
+                        mode: entry.mode,
+                        mtime_sec: entry.mtime_sec,
+                        mtime_nsec: entry.mtime_nsec,
+                    });
+            }
+            EntryKind::Symlink => fs::place_symlink(
+                dir.as_fd(),
+                name,
+                &entry.link_target,
+                self.session_tag,
+                entry.mtime_sec,
+                entry.mtime_nsec,
+            )
+            .map_err(|e| io("create symlink", e))?,
+            EntryKind::File if entry.size == 0 => {
+                let temp =
+                    TempFile::create(dir, name, self.session_tag).map_err(|e| io("create", e))?;
+                temp.commit(entry.mode, entry.mtime_sec, entry.mtime_nsec)
+                    .map_err(|e| io("rename into place", e))?;
+            }
+            EntryKind::File => {
+                self.insert_slot(id, dest.clone(), entry);
+                return Ok(None);
+            }
+            _ => {
+                return Err(Error::Refused {
+                    path: root.show(dest),
+                    reason: "unsupported kind of entry".into(),
+                })
+            }
+        }
+        Ok(Some(Resolution::Done { id, bytes: 0 }))
+    }
+
+    fn insert_slot(&self, id: u64, dest: RelPath, entry: &Entry) {
+        let slot = Arc::new(Slot {
+            dest,
+            size: entry.size,
+            mode: entry.mode,
+            mtime_sec: entry.mtime_sec,
+            mtime_nsec: entry.mtime_nsec,
+            state: Mutex::default(),
+        });
+        self.slots
+            .lock()
+            .expect("no panics while held")
+            .insert(id, slot);
+    }
+
+    /// Drops a pending file (the sender could not read it, or it failed here), removing
+    /// its temporary. Later blocks for it are ignored.
+    pub fn abandon(&self, id: u64) {
+        self.failed.lock().expect("no panics while held").insert(id);
+        if let Some(slot) = self.slots.lock().expect("no panics while held").remove(&id) {
+            let mut state = slot.state.lock().expect("no panics while held");
+            if state.temp.take().is_some() {
+                self.open_files.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Places every segment of a received block. Per-file failures come back as
+    /// resolutions; `Err` ends the session.
+    pub fn place_block(
+        &self,
+        block: &Block,
+        scratch: &mut Vec<u8>,
+        out: &mut Vec<Resolution>,
+    ) -> Result<(), Error> {
+        let mut pos = 0usize;
+        for seg in &block.segments {
+            let data = block.slice(pos, seg.len as usize);
+            pos += seg.len as usize;
+            if block.damaged {
+                self.fail_damaged(seg, out);
+                continue;
+            }
+            if let Some(done) = self.place_segment(seg, data, scratch)? {
+                out.push(done);
+            }
+        }
+        Ok(())
+    }
+
+    fn fail_damaged(&self, seg: &Segment, out: &mut Vec<Resolution>) {
+        let Some(slot) = self.slot(seg.file_id) else {
+            return;
+        };
+        self.abandon(seg.file_id);
+        out.push(Resolution::Failed {
+            id: seg.file_id,
+            error: Error::Integrity {
+                path: self.show(&slot.dest),
+                offset: seg.offset,
+                detail: format!("block checksum mismatch on data from {}", self.peer),
+            },
+        });
+    }
+
+    fn slot(&self, id: u64) -> Option<Arc<Slot>> {
+        self.slots
+            .lock()
+            .expect("no panics while held")
+            .get(&id)
+            .cloned()
+    }
+
+    fn place_segment(
+        &self,
+        seg: &Segment,
+        data: &[u8],
+        scratch: &mut Vec<u8>,
+    ) -> Result<Option<Resolution>, Error> {
+        let Some(slot) = self.slot(seg.file_id) else {
+            if self
+                .failed
+                .lock()
+                .expect("no panics while held")
+                .contains(&seg.file_id)
+            {
+                return Ok(None);
+            }
+            return Err(Error::protocol(
+                &self.peer,
+                format!("data for file id {} which is not pending", seg.file_id),
+            ));
+        };
+        let end = seg.offset + u64::from(seg.len);
+        if end > slot.size {
+            return Err(Error::protocol(
+                &self.peer,
+                format!(
+                    "{}: data up to offset {end} past the announced size {}",
+                    self.show(&slot.dest),
+                    slot.size
+                ),
+            ));
+        }
+        let temp = self.prepare(seg, &slot, data)?;
+        if let Some(temp) = &temp {
+            if let Err(e) = temp.file.write_all_at(data, seg.offset) {
+                let error = Error::local("write", self.show(&slot.dest), e);
+                return self.fail_or_abort(seg.file_id, error);
+            }
+        }
+        drop(temp);
+        self.record(seg, &slot, scratch)
+    }
+
+    /// Checks the segment against the slot's state and opens the temporary on first use.
+    fn prepare(
+        &self,
+        seg: &Segment,
+        slot: &Slot,
+        data: &[u8],
+    ) -> Result<Option<Arc<TempFile>>, Error> {
+        let mut state = slot.state.lock().expect("no panics while held");
+        if seg.is_last() {
+            if state.digest.is_some_and(|d| d != seg.digest) {
+                return Err(Error::protocol(
+                    &self.peer,
+                    "two different digests for one file",
+                ));
+            }
+            state.digest = Some(seg.digest);
+            let whole = seg.offset == 0 && u64::from(seg.len) == slot.size;
+            if whole && self.verify_digest {
+                if xxh3_128(data).to_le_bytes() != seg.digest {
+                    drop(state);
+                    self.abandon(seg.file_id);
+                    return Err(self.digest_mismatch(slot));
+                }
+                state.verified = true;
+            }
+        }
+        let Some((root, _)) = &self.target else {
+            return Ok(None);
+        };
+        if state.temp.is_none() {
+            if self.open_files.load(Ordering::Relaxed) >= self.limits.max_open_files {
+                return Err(Error::Limit(format!(
+                    "{} sends more than {} files at once",
+                    self.peer, self.limits.max_open_files
+                )));
+            }
+            let (parent, name) = slot.dest.split_last().expect("files are never the root");
+            let dir = root.dir(&parent)?;
+            let temp = TempFile::create(dir, name, self.session_tag)
+                .map_err(|e| Error::local("create", self.show(&slot.dest), e))?;
+            self.open_files.fetch_add(1, Ordering::Relaxed);
+            state.temp = Some(Arc::new(temp));
+        }
+        Ok(state.temp.clone())
+    }
+
+    fn digest_mismatch(&self, slot: &Slot) -> Error {
+        Error::Integrity {
+            path: self.show(&slot.dest),
+            offset: 0,
+            detail: format!("file digest differs from the one {} sent", self.peer),
+        }
+    }
+
+    fn fail_or_abort(&self, id: u64, error: Error) -> Result<Option<Resolution>, Error> {
+        self.abandon(id);
+        if is_fatal(&error) {
+            Err(error)
+        } else {
+            Ok(Some(Resolution::Failed { id, error }))
+        }
+    }
+
+    /// Records the range and, if the file is now complete, verifies and commits it.
+    fn record(
+        &self,
+        seg: &Segment,
+        slot: &Arc<Slot>,
+        scratch: &mut Vec<u8>,
+    ) -> Result<Option<Resolution>, Error> {
+        let (temp, verified) = {
+            let mut state = slot.state.lock().expect("no panics while held");
+            let end = seg.offset + u64::from(seg.len);
+            state.coverage.add(seg.offset, end).map_err(|e| {
+                Error::protocol(&self.peer, format!("{}: {e}", self.show(&slot.dest)))
+            })?;
+            let digest_known = state.digest.is_some() || !self.verify_digest;
+            if !(state.coverage.is_complete(slot.size) && digest_known) {
+                return Ok(None);
+            }
+            (state.temp.take(), state.verified)
+        };
+        let id = seg.file_id;
+        self.slots.lock().expect("no panics while held").remove(&id);
+        let Some(temp) = temp else {
+            // Discarding: complete is all there is to check.
+            return Ok(Some(Resolution::Done {
+                id,
+                bytes: slot.size,
+            }));
+        };
+        self.open_files.fetch_sub(1, Ordering::Relaxed);
+        // Every writer drops its clone before recording its range, so we are the last.
+        let temp = Arc::try_unwrap(temp).expect("no other writer holds a complete file");
+        let digest = slot.state.lock().expect("no panics while held").digest;
+        match self.finish_file(slot, temp, digest, verified, scratch) {
+            Ok(()) => Ok(Some(Resolution::Done {
+                id,
+                bytes: slot.size,
+            })),
+            Err(e) => self.fail_or_abort(id, e),
+        }
+    }
+
+    fn finish_file(
+        &self,
+        slot: &Slot,
+        temp: TempFile,
+        digest: Option<[u8; 16]>,
+        verified: bool,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), Error> {
+        if self.verify_digest && !verified {
+            let actual = hash_file(&temp.file, slot.size, scratch)
+                .map_err(|e| Error::local("re-read for verification", self.show(&slot.dest), e))?;
+            if Some(actual) != digest {
+                return Err(self.digest_mismatch(slot));
+            }
+        }
+        temp.commit(slot.mode, slot.mtime_sec, slot.mtime_nsec)
+            .map_err(|e| Error::local("rename into place", self.show(&slot.dest), e))
+    }
+
+    /// Ids still waiting for data.
+    pub fn pending(&self) -> Vec<u64> {
+        self.slots
+            .lock()
+            .expect("no panics while held")
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    /// Applies directory modes and mtimes, deepest first, once nothing more will be
+    /// written into them.
+    pub fn finish_dirs(&self) -> Vec<Error> {
+        let Some((root, _)) = &self.target else {
+            return Vec::new();
+        };
+        let mut dirs = std::mem::take(&mut *self.dirs.lock().expect("no panics while held"));
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.dest.components().count()));
+        dirs.iter()
+            .filter_map(|d| {
+                root.dir(&d.dest)
+                    .and_then(|fd| {
+                        fs::apply_meta(fd.as_fd(), d.mode, d.mtime_sec, d.mtime_nsec).map_err(|e| {
+                            Error::local("set directory metadata", root.show(&d.dest), e)
+                        })
+                    })
+                    .err()
+            })
+            .collect()
+    }
+}
+
+/// Errors that would repeat for every following file: no point going on.
+fn is_fatal(e: &Error) -> bool {
+    match e {
+        Error::LocalIo { source, .. } => matches!(
+            source.raw_os_error(),
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EROFS) | Some(libc::EIO)
+        ),
+        Error::Limit(_) | Error::Protocol { .. } => true,
+        _ => false,
+    }
+}
+
+fn hash_file(file: &std::fs::File, size: u64, scratch: &mut Vec<u8>) -> std::io::Result<[u8; 16]> {
+    scratch.resize(1 << 20, 0);
+    let mut hasher = Xxh3::new();
+    let mut offset = 0u64;
+    while offset < size {
+        let n = (size - offset).min(scratch.len() as u64) as usize;
+        file.read_exact_at(&mut scratch[..n], offset)?;
+        hasher.update(&scratch[..n]);
+        offset += n as u64;
+    }
+    Ok(hasher.digest128().to_le_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn coverage_merges_and_refuses_overlap() {
+        let mut c = Coverage::default();
+        c.add(10, 20).unwrap();
+        c.add(0, 10).unwrap();
+        c.add(30, 40).unwrap();
+        assert!(c.add(15, 25).is_err());
+        assert!(c.add(35, 45).is_err());
+        c.add(20, 30).unwrap();
+        assert!(c.is_complete(40));
+        assert_eq!(c.ranges.len(), 1);
+    }
+
+    proptest! {
+        #[test]
+        fn coverage_completes_for_any_arrival_order(
+            chunks in 1usize..40,
+            seed in any::<u64>(),
+        ) {
+            let mut order: Vec<usize> = (0..chunks).collect();
+            let mut s = seed;
+            for i in (1..order.len()).rev() {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                order.swap(i, (s >> 33) as usize % (i + 1));
+            }
+            let mut c = Coverage::default();
+            for (n, &i) in order.iter().enumerate() {
+                prop_assert!(!c.is_complete(chunks as u64 * 7) || n == chunks);
+                c.add(i as u64 * 7, i as u64 * 7 + 7).unwrap();
+            }
+            prop_assert!(c.is_complete(chunks as u64 * 7));
+            prop_assert_eq!(c.ranges.len(), 1);
+        }
+    }
+
+    #[test]
+    fn placement_follows_cp_r() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("existing")).unwrap();
+        let root = Root::open(dir.path()).unwrap();
+        let rel = |s: &str| RelPath::new(s.as_bytes()).unwrap();
+        let into = Placement::resolve(&root, &rel("existing"), 1).unwrap();
+        assert_eq!(into.map(&rel("src/a")).unwrap(), rel("existing/src/a"));
+        let onto = Placement::resolve(&root, &rel("new"), 1).unwrap();
+        assert_eq!(onto.map(&rel("src/a")).unwrap(), rel("new/a"));
+        assert!(Placement::resolve(&root, &rel("new"), 2).is_err());
+        assert!(Placement::resolve(&root, &rel("missing/new"), 1).is_err());
+    }
+}

@@ -1,0 +1,729 @@
+//! The front end of the sending side: what is sent, in which blocks, read by whom.
+//!
+//! The [`Walker`] lists a tree depth-first, one directory handle per level, so memory and
+//! descriptors grow with depth, not with the number of files. The [`Planner`] turns files
+//! into block plans: a file of at least one block is cut into block-sized chunks read in
+//! order by one reader (so its digest is computed in the same pass); smaller files are
+//! packed many to a block (balman2013's aggregation), which is what lets 20,000 small files
+//! stream like one large one. Readers fill pool buffers and hand finished blocks to the
+//! channels; they never wait on the network except through the pool.
+//!
+//! Nothing here follows a symlink: entries are opened by name with `O_NOFOLLOW`, and
+//! files are reopened for reading with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` from the
+//! source's base directory, so a tree served for pulling cannot be used to read outside it.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crossbeam_channel::Sender;
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+use wanxfer_proto::{BlockHeader, Entry, EntryKind, RelPath, Segment, MAX_SEGMENTS};
+use xxhash_rust::xxh3::{xxh3_128, Xxh3};
+
+use crate::fs::{self, Kind, Meta, Root};
+use crate::pool::{recv_or_cancel, Block, Cancel, Pool};
+use crate::Error;
+
+/// One top-level item to send: `name` inside the directory `base`.
+#[derive(Debug, Clone)]
+pub struct SourceItem {
+    base: Arc<OwnedFd>,
+    name: Vec<u8>,
+    shown: String,
+}
+
+/// What a sender sends.
+#[derive(Debug, Clone)]
+pub enum Source {
+    Items(Vec<SourceItem>),
+    /// `bytes` of zeros from memory, for measuring the path without disks.
+    Synthetic {
+        bytes: u64,
+    },
+}
+
+impl Source {
+    /// Local paths named on the command line. Like `cp -r`, a symlink named directly is
+    /// copied as a symlink.
+    pub fn local(paths: &[PathBuf]) -> Result<Source, Error> {
+        paths
+            .iter()
+            .map(|p| local_item(p))
+            .collect::<Result<_, _>>()
+            .map(Source::Items)
+    }
+
+    /// Paths beneath a served root, as a pulling client asked for them.
+    pub fn beneath(root: &Root, paths: &[RelPath]) -> Result<Source, Error> {
+        let mut items = Vec::with_capacity(paths.len());
+        for rel in paths {
+            let Some((parent, name)) = rel.split_last() else {
+                return Err(Error::Refused {
+                    path: root.show(rel),
+                    reason: "name a file or directory beneath the root, not the root itself".into(),
+                });
+            };
+            let base = root.dir(&parent)?;
+            if fs::meta_at(base.as_fd(), name)
+                .map_err(|e| Error::local("stat", root.show(rel), e))?
+                .is_none()
+            {
+                return Err(Error::Refused {
+                    path: root.show(rel),
+                    reason: "no such file or directory".into(),
+                });
+            }
+            items.push(SourceItem {
+                base: Arc::new(base),
+                name: name.to_vec(),
+                shown: root.show(rel),
+            });
+        }
+        Ok(Source::Items(items))
+    }
+
+    /// The top-level names, in order.
+    pub fn top_names(&self) -> Vec<Vec<u8>> {
+        match self {
+            Source::Items(items) => items.iter().map(|i| i.name.clone()).collect(),
+            Source::Synthetic { .. } => vec![SYNTHETIC_NAME.to_vec()],
+        }
+    }
+}
+
+/// The manifest name of the synthetic source's single stream.
+pub const SYNTHETIC_NAME: &[u8] = b"synthetic";
+
+fn local_item(path: &Path) -> Result<SourceItem, Error> {
+    let shown = path.display().to_string();
+    let path = if path.file_name().is_none() {
+        // ".", "..", "dir/.": name the directory they mean.
+        std::fs::canonicalize(path).map_err(|e| Error::local("resolve", &shown, e))?
+    } else {
+        path.to_path_buf()
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| Error::Usage(format!("cannot copy {shown}: name a directory below /")))?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let base = rustix::fs::open(
+        parent,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::local("open directory", parent.display(), e.into()))?;
+    match fs::meta_at(base.as_fd(), name.as_bytes()) {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            return Err(Error::local(
+                "read",
+                &shown,
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            ))
+        }
+        Err(e) => return Err(Error::local("stat", &shown, e)),
+    }
+    Ok(SourceItem {
+        base: Arc::new(base),
+        name: name.as_bytes().to_vec(),
+        shown,
+    })
+}
+
+/// How a reader gets a file's bytes.
+#[derive(Debug, Clone)]
+pub enum Content {
+    /// Reopened by path beneath `base`.
+    File { base: Arc<OwnedFd>, rel: RelPath },
+    /// Zeros straight from the pool.
+    Zeros,
+}
+
+/// A file to send: its manifest id, size, and where its bytes come from.
+#[derive(Debug, Clone)]
+pub struct FileJob {
+    pub id: u64,
+    pub size: u64,
+    pub content: Content,
+    pub shown: String,
+}
+
+/// An entry of the manifest, and for regular files with data, the job that sends them.
+#[derive(Debug)]
+pub struct Walked {
+    pub entry: Entry,
+    pub job: Option<FileJob>,
+}
+
+struct Frame {
+    fd: OwnedFd,
+    dir: rustix::fs::Dir,
+    rel: RelPath,
+    item: usize,
+}
+
+/// Lists sources depth first, assigning manifest ids in order.
+pub struct Walker {
+    items: Vec<SourceItem>,
+    next_item: usize,
+    stack: Vec<Frame>,
+    next_id: u64,
+    synthetic: Option<u64>,
+    /// Entries skipped because they are neither file, directory nor symlink.
+    pub skipped: Vec<String>,
+}
+
+impl Walker {
+    pub fn new(source: &Source) -> Walker {
+        let (items, synthetic) = match source {
+            Source::Items(items) => (items.clone(), None),
+            Source::Synthetic { bytes } => (Vec::new(), Some(*bytes)),
+        };
+        Walker {
+            items,
+            next_item: 0,
+            stack: Vec::new(),
+            next_id: 0,
+            synthetic,
+            skipped: Vec::new(),
+        }
+    }
+
+    /// The next entry, or `None` when every source has been listed.
+    pub fn next_entry(&mut self) -> Option<Result<Walked, Error>> {
+        if let Some(bytes) = self.synthetic.take() {
+            return Some(Ok(self.synthetic_entry(bytes)));
+        }
+        loop {
+            if let Some(frame) = self.stack.last_mut() {
+                match frame.dir.read() {
+                    None => {
+                        self.stack.pop();
+                        continue;
+                    }
+                    Some(Err(e)) => {
+                        let (item, rel) = (frame.item, frame.rel.clone());
+                        self.stack.pop();
+                        let shown = self.show(item, &rel);
+                        return Some(Err(Error::local("list directory", shown, e.into())));
+                    }
+                    Some(Ok(dirent)) => {
+                        let name = dirent.file_name().to_bytes();
+                        if name == b"." || name == b".." {
+                            continue;
+                        }
+                        let name = name.to_vec();
+                        let (item, parent) = (frame.item, frame.rel.clone());
+                        let meta = fs::meta_at(frame.fd.as_fd(), &name);
+                        let opened = self.visit(item, &parent, &name, meta);
+                        match opened {
+                            Some(r) => return Some(r),
+                            None => continue,
+                        }
+                    }
+                }
+            }
+            let item = self.next_item;
+            let top = self.items.get(item)?.clone();
+            self.next_item += 1;
+            let meta = fs::meta_at(top.base.as_fd(), &top.name);
+            if let Some(r) = self.visit_top(item, &top, meta) {
+                return Some(r);
+            }
+        }
+    }
+
+    fn visit_top(
+        &mut self,
+        item: usize,
+        top: &SourceItem,
+        meta: std::io::Result<Option<Meta>>,
+    ) -> Option<Result<Walked, Error>> {
+        let rel = match RelPath::root().join(&top.name) {
+            Ok(rel) => rel,
+            Err(e) => return Some(Err(Error::Usage(format!("{}: {e}", top.shown)))),
+        };
+        self.visit_rel(item, rel, top.base.clone(), meta)
+    }
+
+    fn visit(
+        &mut self,
+        item: usize,
+        parent: &RelPath,
+        name: &[u8],
+        meta: std::io::Result<Option<Meta>>,
+    ) -> Option<Result<Walked, Error>> {
+        let rel = match parent.join(name) {
+            Ok(rel) => rel,
+            Err(e) => {
+                let shown = self.show(item, parent);
+                return Some(Err(Error::local(
+                    "list",
+                    format!("{shown}/{}", String::from_utf8_lossy(name)),
+                    std::io::Error::other(e),
+                )));
+            }
+        };
+        let base = self.items[item].base.clone();
+        self.visit_rel(item, rel, base, meta)
+    }
+
+    fn visit_rel(
+        &mut self,
+        item: usize,
+        rel: RelPath,
+        base: Arc<OwnedFd>,
+        meta: std::io::Result<Option<Meta>>,
+    ) -> Option<Result<Walked, Error>> {
+        let shown = self.show(item, &rel);
+        let meta = match meta {
+            Ok(Some(meta)) => meta,
+            // Vanished between listing and stat: nothing to send.
+            Ok(None) => return None,
+            Err(e) => return Some(Err(Error::local("stat", shown, e))),
+        };
+        let id = self.next_id;
+        let mut entry = Entry {
+            kind: EntryKind::File,
+            path: rel.clone(),
+            size: 0,
+            mode: meta.mode,
+            mtime_sec: meta.mtime_sec,
+            mtime_nsec: meta.mtime_nsec,
+            link_target: Vec::new(),
+        };
+        let mut job = None;
+        match meta.kind {
+            Kind::File => {
+                entry.size = meta.size;
+                if meta.size > 0 {
+                    job = Some(FileJob {
+                        id,
+                        size: meta.size,
+                        content: Content::File { base, rel },
+                        shown,
+                    });
+                }
+            }
+            Kind::Dir => {
+                entry.kind = EntryKind::Dir;
+                if let Err(e) = self.push_dir(item, &base, rel) {
+                    return Some(Err(e));
+                }
+            }
+            Kind::Symlink => {
+                entry.kind = EntryKind::Symlink;
+                let (parent_fd, name) = match self.parent_of(&base, &rel) {
+                    Ok(v) => v,
+                    Err(e) => return Some(Err(e)),
+                };
+                match fs::read_link_at(parent_fd.as_fd(), name) {
+                    Ok(target) => entry.link_target = target,
+                    Err(e) => return Some(Err(Error::local("read link", shown, e))),
+                }
+            }
+            Kind::Other => {
+                self.skipped.push(shown);
+                return None;
+            }
+        }
+        self.next_id += 1;
+        Some(Ok(Walked { entry, job }))
+    }
+
+    fn parent_of<'a>(
+        &self,
+        base: &Arc<OwnedFd>,
+        rel: &'a RelPath,
+    ) -> Result<(OwnedFd, &'a [u8]), Error> {
+        // A symlink's parent is the directory on top of the stack, or the base for a
+        // top-level item.
+        let (_, name) = rel.split_last().expect("entries are never the root");
+        let fd = match self.stack.last() {
+            Some(frame) if Some(&frame.rel) == rel.split_last().map(|(p, _)| p).as_ref() => {
+                frame.fd.try_clone()
+            }
+            _ => base.as_fd().try_clone_to_owned(),
+        }
+        .map_err(|e| Error::local("duplicate handle", rel, e))?;
+        Ok((fd, name))
+    }
+
+    fn push_dir(&mut self, item: usize, base: &Arc<OwnedFd>, rel: RelPath) -> Result<(), Error> {
+        let shown = self.show(item, &rel);
+        let (parent, name) = self.parent_of(base, &rel)?;
+        let fd = fs::open_subdir(parent.as_fd(), name)
+            .map_err(|e| Error::local("open directory", &shown, e))?;
+        let dir = rustix::fs::Dir::read_from(&fd)
+            .map_err(|e| Error::local("list directory", &shown, e.into()))?;
+        self.stack.push(Frame { fd, dir, rel, item });
+        Ok(())
+    }
+
+    fn synthetic_entry(&mut self, bytes: u64) -> Walked {
+        let id = self.next_id;
+        self.next_id += 1;
+        let path = RelPath::new(SYNTHETIC_NAME).expect("constant name is valid");
+        Walked {
+            entry: Entry {
+                kind: EntryKind::File,
+                path,
+                size: bytes,
+                mode: 0o644,
+                mtime_sec: 0,
+                mtime_nsec: 0,
+                link_target: Vec::new(),
+            },
+            job: (bytes > 0).then(|| FileJob {
+                id,
+                size: bytes,
+                content: Content::Zeros,
+                shown: "synthetic source".into(),
+            }),
+        }
+    }
+
+    fn show(&self, item: usize, rel: &RelPath) -> String {
+        let top = &self.items[item];
+        match rel.split_first() {
+            Some((_, rest)) if !rest.is_root() => format!("{}/{}", top.shown, rest),
+            _ => top.shown.clone(),
+        }
+    }
+}
+
+/// What one reader does with one pool buffer (or, for large files, a run of them).
+#[derive(Debug)]
+pub enum Plan {
+    Chunked(FileJob),
+    Packed(Vec<FileJob>),
+}
+
+/// Groups file jobs into block plans.
+#[derive(Debug)]
+pub struct Planner {
+    block_size: u64,
+    pack: Vec<FileJob>,
+    pack_bytes: u64,
+}
+
+impl Planner {
+    pub fn new(block_size: usize) -> Planner {
+        Planner {
+            block_size: block_size as u64,
+            pack: Vec::new(),
+            pack_bytes: 0,
+        }
+    }
+
+    /// Adds a job; returns plans that are complete.
+    pub fn add(&mut self, job: FileJob, out: &mut Vec<Plan>) {
+        if job.size >= self.block_size {
+            out.push(Plan::Chunked(job));
+            return;
+        }
+        if self.pack_bytes + job.size > self.block_size || self.pack.len() >= MAX_SEGMENTS as usize
+        {
+            self.flush(out);
+        }
+        self.pack_bytes += job.size;
+        self.pack.push(job);
+    }
+
+    /// Emits the partly filled pack, if any.
+    pub fn flush(&mut self, out: &mut Vec<Plan>) {
+        if !self.pack.is_empty() {
+            out.push(Plan::Packed(std::mem::take(&mut self.pack)));
+            self.pack_bytes = 0;
+        }
+    }
+}
+
+/// Settings every reader shares.
+#[derive(Debug, Clone)]
+pub struct ReaderConfig {
+    pub session_tag: u64,
+    pub block_crc: bool,
+    pub file_digest: bool,
+}
+
+/// A file the reader could not send; the session tells the receiver to drop it.
+#[derive(Debug)]
+pub struct ReadFailure {
+    pub id: u64,
+    pub error: Error,
+}
+
+/// Shared counters and caches of the readers of one session.
+#[derive(Debug, Default)]
+pub struct ReaderShared {
+    sequence: AtomicU64,
+    zero_crc: std::sync::Mutex<Vec<(usize, u32)>>,
+}
+
+/// One reader thread: executes plans until the plan queue closes.
+pub fn run_reader(
+    plans: crossbeam_channel::Receiver<Plan>,
+    blocks: Sender<Block>,
+    failures: Sender<ReadFailure>,
+    pool: Pool,
+    cfg: ReaderConfig,
+    shared: Arc<ReaderShared>,
+    cancel: Cancel,
+) -> Result<(), Error> {
+    let reader = Reader {
+        pool,
+        cfg,
+        shared,
+        cancel,
+        blocks,
+        failures,
+    };
+    while let Some(plan) = recv_or_cancel(&plans, &reader.cancel)? {
+        match plan {
+            Plan::Chunked(job) => reader.send_chunked(job)?,
+            Plan::Packed(jobs) => reader.send_packed(jobs)?,
+        }
+    }
+    Ok(())
+}
+
+struct Reader {
+    pool: Pool,
+    cfg: ReaderConfig,
+    shared: Arc<ReaderShared>,
+    cancel: Cancel,
+    blocks: Sender<Block>,
+    failures: Sender<ReadFailure>,
+}
+
+impl Reader {
+    fn fail(&self, id: u64, error: Error) {
+        // The session is gone if nobody listens; its own error wins then.
+        let _ = self.failures.send(ReadFailure { id, error });
+    }
+
+    fn send_chunked(&self, job: FileJob) -> Result<(), Error> {
+        let file = match open_content(&job) {
+            Ok(f) => f,
+            Err(e) => {
+                self.fail(job.id, e);
+                return Ok(());
+            }
+        };
+        let mut hasher = Xxh3::new();
+        let mut offset = 0u64;
+        while offset < job.size {
+            let mut block = self.pool.take(&self.cancel)?;
+            let len = (job.size - offset).min(block.capacity() as u64) as usize;
+            if let Err(e) = fill(&file, &job, offset, &mut block.space()[..len]) {
+                self.fail(job.id, e);
+                return Ok(());
+            }
+            block.len = len;
+            let last = offset + len as u64 == job.size;
+            let mut seg = Segment {
+                file_id: job.id,
+                offset,
+                len: len as u32,
+                flags: 0,
+                digest: [0; 16],
+            };
+            if self.cfg.file_digest {
+                hasher.update(block.payload());
+            }
+            if last {
+                seg.flags = Segment::FLAG_LAST;
+                if self.cfg.file_digest {
+                    seg.digest = hasher.digest128().to_le_bytes();
+                }
+            }
+            block.segments.push(seg);
+            let zeros = matches!(job.content, Content::Zeros);
+            self.finish_and_send(block, zeros)?;
+            offset += len as u64;
+        }
+        Ok(())
+    }
+
+    fn send_packed(&self, jobs: Vec<FileJob>) -> Result<(), Error> {
+        let mut block = self.pool.take(&self.cancel)?;
+        let mut pos = 0usize;
+        for job in jobs {
+            let size = job.size as usize;
+            let read = open_content(&job)
+                .and_then(|file| fill(&file, &job, 0, &mut block.space()[pos..pos + size]));
+            if let Err(e) = read {
+                self.fail(job.id, e);
+                continue;
+            }
+            let digest = if self.cfg.file_digest {
+                xxh3_128(block.slice(pos, size)).to_le_bytes()
+            } else {
+                [0; 16]
+            };
+            block.segments.push(Segment {
+                file_id: job.id,
+                offset: 0,
+                len: size as u32,
+                flags: Segment::FLAG_LAST,
+                digest,
+            });
+            pos += size;
+        }
+        block.len = pos;
+        if block.segments.is_empty() {
+            return Ok(());
+        }
+        self.finish_and_send(block, false)
+    }
+
+    /// Computes the checksums, encodes the header and queues the block for a channel.
+    fn finish_and_send(&self, mut block: Block, zeros: bool) -> Result<(), Error> {
+        let payload_crc = match (self.cfg.block_crc, zeros) {
+            (false, _) => 0,
+            (true, true) => self.zero_crc(block.len),
+            (true, false) => crc32c::crc32c(block.payload()),
+        };
+        let header = BlockHeader {
+            flags: if self.cfg.block_crc {
+                BlockHeader::FLAG_PAYLOAD_CRC
+            } else {
+                0
+            },
+            segment_count: block.segments.len() as u16,
+            payload_len: block.len as u32,
+            payload_crc,
+            session_tag: self.cfg.session_tag,
+            sequence: self.shared.sequence.fetch_add(1, Ordering::Relaxed),
+        };
+        let buf: &mut crate::pool::BlockBuf = &mut block;
+        header.encode(&buf.segments, &mut buf.header);
+        self.blocks.send(block).map_err(|_| Error::Cancelled)
+    }
+
+    /// The CRC of `len` zero bytes, computed once per length: the synthetic source must
+    /// cost the sender nothing but the send itself.
+    fn zero_crc(&self, len: usize) -> u32 {
+        let mut cache = self.shared.zero_crc.lock().expect("no panics while held");
+        if let Some(&(_, crc)) = cache.iter().find(|(l, _)| *l == len) {
+            return crc;
+        }
+        let crc = crc32c::crc32c(&vec![0u8; len]);
+        cache.push((len, crc));
+        crc
+    }
+}
+
+fn open_content(job: &FileJob) -> Result<Option<File>, Error> {
+    match &job.content {
+        Content::Zeros => Ok(None),
+        Content::File { base, rel } => rustix::fs::openat2(
+            base.as_fd(),
+            OsStr::from_bytes(rel.as_bytes()),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+        .map(|fd| Some(File::from(fd)))
+        .map_err(|e| Error::local("open", &job.shown, e.into())),
+    }
+}
+
+/// Reads exactly `buf.len()` bytes at `offset`; a file that shrank since it was listed
+/// is an error naming it (sending fewer bytes than announced would fail verification
+/// later with a less useful message).
+fn fill(file: &Option<File>, job: &FileJob, offset: u64, buf: &mut [u8]) -> Result<(), Error> {
+    let Some(file) = file else {
+        return Ok(());
+    };
+    file.read_exact_at(buf, offset).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Error::local(
+                "read",
+                &job.shown,
+                std::io::Error::other(format!(
+                    "file shrank while being sent (expected {} bytes)",
+                    job.size
+                )),
+            )
+        } else {
+            Error::local("read", &job.shown, e)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: u64, size: u64) -> FileJob {
+        FileJob {
+            id,
+            size,
+            content: Content::Zeros,
+            shown: String::new(),
+        }
+    }
+
+    #[test]
+    fn planner_packs_small_files_and_chunks_large_ones() {
+        let mut p = Planner::new(100);
+        let mut out = Vec::new();
+        p.add(job(0, 40), &mut out);
+        p.add(job(1, 40), &mut out);
+        p.add(job(2, 40), &mut out); // does not fit: the first pack is emitted
+        p.add(job(3, 100), &mut out); // a whole block: chunked on its own
+        p.flush(&mut out);
+        let shapes: Vec<Vec<u64>> = out
+            .iter()
+            .map(|plan| match plan {
+                Plan::Chunked(j) => vec![j.id + 1000],
+                Plan::Packed(js) => js.iter().map(|j| j.id).collect(),
+            })
+            .collect();
+        assert_eq!(shapes, vec![vec![0, 1], vec![1003], vec![2]]);
+    }
+
+    #[test]
+    fn walker_lists_a_tree_without_following_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        let top = dir.path().join("top");
+        std::fs::create_dir_all(top.join("sub/empty")).unwrap();
+        std::fs::write(top.join("sub/a"), b"hello").unwrap();
+        std::fs::write(top.join("z"), b"").unwrap();
+        std::os::unix::fs::symlink("/etc", top.join("link")).unwrap();
+        let source = Source::local(&[top]).unwrap();
+        let mut w = Walker::new(&source);
+        let mut seen = Vec::new();
+        while let Some(item) = w.next_entry() {
+            let item = item.unwrap();
+            seen.push((
+                item.entry.path.to_string(),
+                item.entry.kind,
+                item.job.is_some(),
+            ));
+        }
+        seen.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            seen,
+            vec![
+                ("top".into(), EntryKind::Dir, false),
+                ("top/link".into(), EntryKind::Symlink, false),
+                ("top/sub".into(), EntryKind::Dir, false),
+                ("top/sub/a".into(), EntryKind::File, true),
+                ("top/sub/empty".into(), EntryKind::Dir, false),
+                ("top/z".into(), EntryKind::File, false),
+            ]
+        );
+    }
+}

@@ -1,0 +1,182 @@
+//! Data channels: the back end that moves blocks, behind one small interface.
+//!
+//! The session sees a channel as two halves, [`BlockTx`] and [`BlockRx`]; what is under
+//! them (a TCP stream today, a libfabric endpoint writing into granted slots next) is the
+//! transport's business. The pumps here connect a channel to the pool queues, so that any
+//! channel takes the next ready block: a slow stream simply takes fewer blocks, and the
+//! number of channels can differ from the number of readers and writers.
+//!
+//! For TCP, a block on the wire is exactly its header, segment table and payload, sent
+//! with one vectored write. Flow control is TCP's own window: the receiver stops reading
+//! when its pool is empty, the kernel closes the window, and the sender's write blocks —
+//! an explicit credit round trip would only add latency on a long path. Credits
+//! ([`wanxfer_proto::Credit`]) exist for transports without that property (RDMA).
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::Ordering;
+
+use crossbeam_channel::{Receiver, Sender};
+use wanxfer_proto::{BlockHeader, Segment};
+
+use crate::pool::{recv_or_cancel, Block, Cancel, Pool};
+use crate::progress::Progress;
+use crate::Error;
+
+/// The sending half of a channel.
+pub trait BlockTx: Send {
+    fn send(&mut self, block: &Block) -> Result<(), Error>;
+    /// No more blocks: the receiver sees a clean end of stream.
+    fn finish(&mut self) -> Result<(), Error>;
+}
+
+/// The receiving half of a channel.
+pub trait BlockRx: Send {
+    /// The next block, `Ok(None)` at a clean end of stream.
+    fn recv(&mut self, pool: &Pool, cancel: &Cancel) -> Result<Option<Block>, Error>;
+}
+
+/// Sends queued blocks until the queue closes.
+pub fn pump_out(
+    tx: &mut dyn BlockTx,
+    queue: &Receiver<Block>,
+    cancel: &Cancel,
+    progress: &Progress,
+) -> Result<(), Error> {
+    while let Some(block) = recv_or_cancel(queue, cancel)? {
+        tx.send(&block)?;
+        progress
+            .bytes
+            .fetch_add(block.len as u64, Ordering::Relaxed);
+    }
+    tx.finish()
+}
+
+/// Receives blocks into pool buffers and queues them for the writers until the sender
+/// ends the stream.
+pub fn pump_in(
+    rx: &mut dyn BlockRx,
+    pool: &Pool,
+    out: &Sender<Block>,
+    cancel: &Cancel,
+    progress: &Progress,
+) -> Result<(), Error> {
+    while let Some(block) = rx.recv(pool, cancel)? {
+        progress
+            .bytes
+            .fetch_add(block.len as u64, Ordering::Relaxed);
+        out.send(block).map_err(|_| Error::Cancelled)?;
+    }
+    Ok(())
+}
+
+/// A TCP stream carrying blocks.
+#[derive(Debug)]
+pub struct TcpChannel {
+    stream: TcpStream,
+    peer: String,
+    /// Receive side: the largest payload we accept (the negotiated block size).
+    max_payload: usize,
+    session_tag: u64,
+    table: Vec<u8>,
+}
+
+impl TcpChannel {
+    pub fn new(stream: TcpStream, peer: String, max_payload: usize, session_tag: u64) -> Self {
+        TcpChannel {
+            stream,
+            peer,
+            max_payload,
+            session_tag,
+            table: Vec::new(),
+        }
+    }
+
+    fn net(&self, context: &'static str, e: io::Error) -> Error {
+        Error::network(context, &self.peer, e)
+    }
+
+    /// Reads exactly `buf.len()` bytes. `Ok(false)` if the stream ended before the first
+    /// byte and `clean_end_ok` is set; an end anywhere else is the peer vanishing.
+    fn read_full(&mut self, buf: &mut [u8], clean_end_ok: bool) -> Result<bool, Error> {
+        let mut got = 0;
+        while got < buf.len() {
+            match self.stream.read(&mut buf[got..]) {
+                Ok(0) if got == 0 && clean_end_ok => return Ok(false),
+                Ok(0) => {
+                    return Err(self.net(
+                        "connection closed mid-block by",
+                        io::ErrorKind::UnexpectedEof.into(),
+                    ))
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.net("receiving from", e)),
+            }
+        }
+        Ok(true)
+    }
+}
+
+impl BlockTx for TcpChannel {
+    fn send(&mut self, block: &Block) -> Result<(), Error> {
+        let mut slices = [IoSlice::new(&block.header), IoSlice::new(block.payload())];
+        write_all_vectored(&mut self.stream, &mut slices).map_err(|e| self.net("sending to", e))
+    }
+
+    fn finish(&mut self) -> Result<(), Error> {
+        self.stream
+            .shutdown(Shutdown::Write)
+            .map_err(|e| self.net("closing channel to", e))
+    }
+}
+
+impl BlockRx for TcpChannel {
+    fn recv(&mut self, pool: &Pool, cancel: &Cancel) -> Result<Option<Block>, Error> {
+        let mut fixed = [0u8; BlockHeader::LEN];
+        if !self.read_full(&mut fixed, true)? {
+            return Ok(None);
+        }
+        let header = BlockHeader::decode_fixed(&fixed).map_err(|e| Error::decode(&self.peer, e))?;
+        if header.session_tag != self.session_tag {
+            return Err(Error::protocol(&self.peer, "block from another session"));
+        }
+        if header.payload_len as usize > self.max_payload {
+            return Err(Error::protocol(
+                &self.peer,
+                format!(
+                    "block of {} bytes exceeds the negotiated block size {}",
+                    header.payload_len, self.max_payload
+                ),
+            ));
+        }
+        let mut table = std::mem::take(&mut self.table);
+        table.resize(header.segment_count as usize * Segment::LEN, 0);
+        let read = self.read_full(&mut table, false);
+        let mut block = pool.take(cancel)?;
+        let decoded = read.and_then(|_| {
+            header
+                .decode_segments(&fixed, &table, &mut block.segments)
+                .map_err(|e| Error::decode(&self.peer, e))
+        });
+        self.table = table;
+        decoded?;
+        let len = header.payload_len as usize;
+        self.read_full(&mut block.space()[..len], false)?;
+        block.len = len;
+        block.damaged = header.check_payload(block.payload()).is_err();
+        Ok(Some(block))
+    }
+}
+
+fn write_all_vectored(stream: &mut TcpStream, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+    while !slices.is_empty() {
+        match stream.write_vectored(slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

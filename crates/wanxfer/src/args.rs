@@ -1,0 +1,382 @@
+//! Flags in two stages: clap's structs close to the command line, then validated engine
+//! requests ([`CpArgs::request`]) so that the engine never sees a half-checked value.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use wanxfer_engine::session::{ClientConfig, ClientJob, PullDest, ServerLimits, Tuning};
+use wanxfer_engine::source::Source;
+use wanxfer_engine::Error;
+use wanxfer_proto::RelPath;
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  internal error (a bug: please report it)
+  2  usage: bad flags or arguments
+  3  authentication failed (secret mismatch)
+  4  network: cannot connect, or the peer went away
+  5  protocol: the peer sent something malformed
+  6  integrity: a checksum or digest did not match
+  7  local I/O: reading or writing a local file failed (disk full, permissions)
+  8  remote: the server refused (path outside its root, missing) or failed on its side";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "wanxfer",
+    version,
+    about = "Move datasets between data transfer nodes at line rate.",
+    after_help = EXIT_CODES
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve one directory to authenticated clients.
+    #[command(after_help = EXIT_CODES)]
+    Serve(ServeArgs),
+    /// Copy files and trees to or from a server (like `cp -r`).
+    #[command(after_help = EXIT_CODES)]
+    Cp(CpArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The directory served: nothing outside it is ever read or written.
+    #[arg(long)]
+    pub root: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0:7800")]
+    pub listen: String,
+    /// Shared secret file; created (mode 0600, random secret) if missing. Without it the
+    /// secret comes from WANXFER_SECRET.
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
+    /// Most concurrent sessions.
+    #[arg(long, default_value_t = 16)]
+    pub max_sessions: usize,
+    /// Most data channels one session may open.
+    #[arg(long, default_value_t = 32)]
+    pub max_streams: u16,
+    /// Largest block a client may ask for.
+    #[arg(long, default_value = "16MiB", value_parser = parse_block_size)]
+    pub max_block_size: u32,
+    /// Most memory one session's block pool may use.
+    #[arg(long, default_value = "512MiB", value_parser = parse_size)]
+    pub max_session_memory: u64,
+    /// Disk reader threads per sending session.
+    #[arg(long, default_value_t = 2)]
+    pub readers: usize,
+    /// Disk writer threads per receiving session.
+    #[arg(long, default_value_t = 2)]
+    pub writers: usize,
+}
+
+impl ServeArgs {
+    pub fn limits(&self) -> ServerLimits {
+        ServerLimits {
+            max_sessions: self.max_sessions.max(1),
+            max_streams: self.max_streams.max(1),
+            max_block_size: self.max_block_size,
+            max_pool_bytes: usize::try_from(self.max_session_memory).unwrap_or(usize::MAX),
+            readers: self.readers.max(1),
+            writers: self.writers.max(1),
+            ..ServerLimits::default()
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct CpArgs {
+    /// Sources then destination. A remote side is wanxfer://HOST:PORT/PATH, PATH relative
+    /// to the server's root. Memory-to-memory: `--bytes 4GiB /dev/zero
+    /// wanxfer://HOST:PORT/dev/null` (or pull from .../dev/zero into /dev/null).
+    #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
+    pub paths: Vec<PathBuf>,
+    /// Parallel TCP streams (data channels).
+    #[arg(long, default_value_t = 2)]
+    pub streams: u16,
+    /// Block size: the unit read, sent, checksummed and written (e.g. 4MiB).
+    #[arg(long, default_value = "4MiB", value_parser = parse_block_size)]
+    pub block_size: u32,
+    /// Blocks queued per stream.
+    #[arg(long, default_value_t = 4)]
+    pub depth: u16,
+    /// Reader threads when sending.
+    #[arg(long, default_value_t = 2)]
+    pub readers: usize,
+    /// Writer threads when receiving.
+    #[arg(long, default_value_t = 2)]
+    pub writers: usize,
+    /// Move SIZE synthetic bytes (memory-to-memory) from /dev/zero.
+    #[arg(long, value_parser = parse_size)]
+    pub bytes: Option<u64>,
+    /// Print one JSON object with the results at the end.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Shared secret file (else WANXFER_SECRET).
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
+    /// Skip the per-block checksum (measuring protocol cost); files are still verified
+    /// by their digest.
+    #[arg(long)]
+    pub no_block_checksum: bool,
+    /// Skip the per-file digest check before rename. Unverified files may be corrupt.
+    #[arg(long)]
+    pub no_file_digest: bool,
+    /// Seconds to wait for a connection.
+    #[arg(long, default_value_t = 10)]
+    pub connect_timeout: u64,
+}
+
+/// A validated client request.
+pub struct Request {
+    pub config: ClientConfig,
+    pub job: ClientJob,
+}
+
+/// A side of a copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Location {
+    Local(PathBuf),
+    Remote { server: String, path: RelPath },
+}
+
+impl CpArgs {
+    pub fn show_progress(&self) -> bool {
+        !self.json && !self.quiet && std::io::stderr().is_terminal()
+    }
+
+    pub fn tuning(&self) -> Tuning {
+        Tuning {
+            streams: self.streams.max(1),
+            block_size: self.block_size,
+            depth: self.depth.max(1),
+            readers: self.readers.max(1),
+            writers: self.writers.max(1),
+            block_crc: !self.no_block_checksum,
+            file_digest: !self.no_file_digest,
+            ..Tuning::default()
+        }
+    }
+
+    pub fn request(&self, secret: Vec<u8>) -> Result<Request, Error> {
+        if self.no_file_digest {
+            eprintln!("wanxfer: WARNING: --no-file-digest: files are renamed into place without verification");
+        }
+        let (dst, srcs) = self.paths.split_last().expect("clap requires two paths");
+        let dst = parse_location(dst)?;
+        let srcs = srcs
+            .iter()
+            .map(|p| parse_location(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (server, job) = match dst {
+            Location::Remote { server, path } => (server, self.push_job(&srcs, path)?),
+            Location::Local(dst) => self.pull_job(&srcs, dst)?,
+        };
+        Ok(Request {
+            config: ClientConfig {
+                server,
+                secret,
+                tuning: self.tuning(),
+                connect_timeout: Duration::from_secs(self.connect_timeout.max(1)),
+            },
+            job,
+        })
+    }
+
+    fn push_job(&self, srcs: &[Location], dest: RelPath) -> Result<ClientJob, Error> {
+        let locals = srcs
+            .iter()
+            .map(|s| match s {
+                Location::Local(p) => Ok(p.clone()),
+                Location::Remote { .. } => Err(Error::Usage(
+                    "copying between two servers is not supported: one side must be local".into(),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let source = match (self.bytes, locals.as_slice()) {
+            (Some(bytes), [zero]) if zero == std::path::Path::new("/dev/zero") => {
+                Source::Synthetic { bytes }
+            }
+            (Some(_), _) => {
+                return Err(Error::Usage(
+                    "--bytes takes exactly one source, /dev/zero".into(),
+                ))
+            }
+            (None, _)
+                if locals
+                    .iter()
+                    .any(|p| p == std::path::Path::new("/dev/zero")) =>
+            {
+                return Err(Error::Usage("/dev/zero needs --bytes SIZE".into()))
+            }
+            (None, _) => Source::local(&locals)?,
+        };
+        Ok(ClientJob::Push { source, dest })
+    }
+
+    fn pull_job(&self, srcs: &[Location], dst: PathBuf) -> Result<(String, ClientJob), Error> {
+        let mut server = None;
+        let mut sources = Vec::new();
+        for src in srcs {
+            let Location::Remote { server: s, path } = src else {
+                return Err(Error::Usage(
+                    "one side must be remote (wanxfer://HOST:PORT/PATH); for local copies use cp"
+                        .into(),
+                ));
+            };
+            if server.get_or_insert_with(|| s.clone()) != s {
+                return Err(Error::Usage(
+                    "all remote sources must be on one server".into(),
+                ));
+            }
+            sources.push(path.clone());
+        }
+        let server = server.expect("at least one source");
+        let synthetic_bytes = match self.bytes {
+            Some(bytes) if sources.len() == 1 && sources[0].as_bytes() == b"dev/zero" => {
+                Some(bytes)
+            }
+            Some(_) => {
+                return Err(Error::Usage(
+                    "--bytes pulls from exactly one source, wanxfer://HOST:PORT/dev/zero".into(),
+                ))
+            }
+            None => None,
+        };
+        let dest = if dst == std::path::Path::new("/dev/null") {
+            PullDest::Discard
+        } else {
+            PullDest::Local(dst)
+        };
+        Ok((
+            server,
+            ClientJob::Pull {
+                sources,
+                synthetic_bytes,
+                dest,
+            },
+        ))
+    }
+}
+
+fn parse_location(arg: &std::path::Path) -> Result<Location, Error> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = arg.as_os_str().as_bytes();
+    let Some(rest) = bytes.strip_prefix(b"wanxfer://") else {
+        return Ok(Location::Local(arg.to_path_buf()));
+    };
+    let split = rest.iter().position(|&b| b == b'/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(split);
+    let server = std::str::from_utf8(authority)
+        .ok()
+        .filter(|a| {
+            a.rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+        })
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "{}: expected wanxfer://HOST:PORT/PATH",
+                arg.display()
+            ))
+        })?;
+    let path = path.strip_prefix(b"/").unwrap_or(path);
+    let path = RelPath::new(path).map_err(|e| Error::Usage(format!("{}: {e}", arg.display())))?;
+    Ok(Location::Remote {
+        server: server.to_string(),
+        path,
+    })
+}
+
+/// Parses sizes like `4096`, `64K`, `4MiB`, `1.5GB`: one-letter and `iB` suffixes are
+/// binary (as in dd and iperf3), `KB`/`MB`/`GB`/`TB` decimal.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, suffix) = s.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (try 4096, 64K, 4MiB, 2GB)"))?;
+    let multiplier: f64 = match suffix.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024f64.powi(2),
+        "g" | "gib" => 1024f64.powi(3),
+        "t" | "tib" => 1024f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        other => return Err(format!("unknown size suffix {other:?}")),
+    };
+    let bytes = value * multiplier;
+    if !(0.0..=u64::MAX as f64).contains(&bytes) {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(bytes as u64)
+}
+
+fn parse_block_size(s: &str) -> Result<u32, String> {
+    let bytes = parse_size(s)?;
+    if !(4096..=wanxfer_proto::MAX_BLOCK_PAYLOAD as u64).contains(&bytes) {
+        return Err(format!(
+            "block size must be between 4KiB and {}MiB",
+            wanxfer_proto::MAX_BLOCK_PAYLOAD >> 20
+        ));
+    }
+    Ok(bytes as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_binary_and_decimal() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(65536));
+        assert_eq!(parse_size("4MiB"), Ok(4 << 20));
+        assert_eq!(parse_size("2GB"), Ok(2_000_000_000));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_block_size("1K").is_err());
+    }
+
+    #[test]
+    fn remote_locations_parse() {
+        let loc =
+            parse_location(std::path::Path::new("wanxfer://127.0.0.1:7800/dev/null")).unwrap();
+        assert_eq!(
+            loc,
+            Location::Remote {
+                server: "127.0.0.1:7800".into(),
+                path: RelPath::new(b"dev/null").unwrap()
+            }
+        );
+        let root = parse_location(std::path::Path::new("wanxfer://[::1]:7800")).unwrap();
+        assert!(matches!(root, Location::Remote { path, .. } if path.is_root()));
+        assert!(parse_location(std::path::Path::new("wanxfer://host/x")).is_err());
+        assert!(parse_location(std::path::Path::new("wanxfer://h:1/../etc")).is_err());
+        assert_eq!(
+            parse_location(std::path::Path::new("./local")).unwrap(),
+            Location::Local(PathBuf::from("./local"))
+        );
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,84 @@
+//! Where the shared secret comes from: a file (created with a fresh random secret and mode
+//! 0600 on the server if missing) or the WANXFER_SECRET environment variable.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use wanxfer_engine::Error;
+
+const ENV: &str = "WANXFER_SECRET";
+
+fn from_env() -> Option<Vec<u8>> {
+    std::env::var_os(ENV)
+        .map(|v| std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str()).to_vec())
+        .filter(|v| !v.is_empty())
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, Error> {
+    let bytes =
+        std::fs::read(path).map_err(|e| Error::local("read secret file", path.display(), e))?;
+    let secret = bytes.trim_ascii_end().to_vec();
+    if secret.is_empty() {
+        return Err(Error::Usage(format!(
+            "{}: the secret file is empty",
+            path.display()
+        )));
+    }
+    if let Ok(meta) = std::fs::metadata(path) {
+        if meta.permissions().mode() & 0o077 != 0 {
+            tracing::warn!("{}: readable by others; chmod 600 it", path.display());
+        }
+    }
+    Ok(secret)
+}
+
+fn create_file(path: &Path) -> Result<Vec<u8>, Error> {
+    let mut raw = [0u8; 32];
+    getrandom::fill(&mut raw).map_err(|e| {
+        Error::local(
+            "read",
+            "the system random source",
+            std::io::Error::other(e.to_string()),
+        )
+    })?;
+    let secret: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| Error::local("create secret file", path.display(), e))?;
+    writeln!(file, "{secret}").map_err(|e| Error::local("write secret file", path.display(), e))?;
+    eprintln!(
+        "wanxfer: created secret file {} (mode 0600); give clients the same secret",
+        path.display()
+    );
+    Ok(secret.into_bytes())
+}
+
+/// The server's secret: the file (created if missing), else the environment.
+pub fn for_server(file: Option<&Path>) -> Result<Vec<u8>, Error> {
+    match file {
+        Some(path) if path.exists() => read_file(path),
+        Some(path) => create_file(path),
+        None => from_env().ok_or_else(|| {
+            Error::Usage(format!(
+                "give --secret-file FILE or set {ENV} to the shared secret"
+            ))
+        }),
+    }
+}
+
+/// The client's secret: the file, else the environment.
+pub fn for_client(file: Option<&Path>) -> Result<Vec<u8>, Error> {
+    match file {
+        Some(path) => read_file(path),
+        None => from_env().ok_or_else(|| {
+            Error::Usage(format!(
+                "give --secret-file FILE or set {ENV} to the server's secret"
+            ))
+        }),
+    }
+}
