@@ -149,6 +149,11 @@ impl BlockHeader {
             session_tag: d.u64()?,
             sequence: d.u64()?,
         };
+        if d.array::<12>()? != [0; 12] {
+            return Err(DecodeError::Invalid(
+                "reserved block header bytes are not zero",
+            ));
+        }
         if header.segment_count == 0 || header.segment_count > MAX_SEGMENTS {
             return Err(DecodeError::Invalid("segment count out of range"));
         }
@@ -281,6 +286,27 @@ mod tests {
             bad[i / 8] ^= 1 << (i % 8);
             assert!(decode_all(&bad).is_err(), "bit {i} flipped went unnoticed");
         }
+    }
+
+    /// Found by the `frame`/`block_header` fuzz targets: bytes we ignore would make two
+    /// encodings mean one header and spoil the reserved space for later versions.
+    #[test]
+    fn reserved_bytes_must_be_zero() {
+        let (h, segs) = sample();
+        let mut buf = Vec::new();
+        h.encode(&segs, &mut buf);
+        buf[40] = 1;
+        let crc = crc32c::crc32c_append(
+            crc32c::crc32c(&[&buf[..44], &[0u8; 4][..]].concat()),
+            &buf[48..],
+        );
+        buf[44..48].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            decode_all(&buf),
+            Err(DecodeError::Invalid(
+                "reserved block header bytes are not zero"
+            ))
+        );
     }
 
     #[test]

@@ -41,7 +41,12 @@ impl FrameHeader {
     pub fn decode(bytes: &[u8; Self::LEN]) -> Result<Self, DecodeError> {
         let mut d = Decoder::new(bytes);
         let kind = d.u8()?;
-        let _reserved = d.array::<3>()?;
+        if d.array::<3>()? != [0; 3] {
+            // Reserved for later use; refusing non-zero now keeps that use possible.
+            return Err(DecodeError::Invalid(
+                "reserved frame header bytes are not zero",
+            ));
+        }
         let len = d.u32()?;
         let crc = d.u32()?;
         if len as usize > MAX_FRAME_BODY {

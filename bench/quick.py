@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""wanxfer 0.1 benchmark: one run, side by side, on loopback.
+
+1. Memory to memory: iperf3 single stream vs wanxfer (--bytes from /dev/zero to /dev/null),
+   Gbit/s and CPU seconds of each side (sender and receiver processes, from the kernel's
+   own accounting: wait4 for the client, /proc/PID/stat deltas for the server).
+2. Files on tmpfs: 20,000 x 64 KiB files in 100 directories vs one file of the same total
+   size, pushed to a server whose root is on tmpfs; every destination byte is compared
+   with its source afterwards (a run that does not verify counts as failed).
+
+usage: bench/quick.py [--seconds 10] [--bytes 16GiB] [--repeat 3] [--out FILE.md]
+Prints a Markdown table; with --out also writes it (with the machine description).
+"""
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
+
+
+def proc_cpu(pid):
+    """User and system CPU seconds of a live process (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) / CLK, int(fields[12]) / CLK
+
+
+def run_client(cmd, env=None):
+    """Runs a client to completion; returns (stdout, user_s, sys_s, wall_s)."""
+    start = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.monotonic() - start
+    out = p.stdout.read()
+    err = p.stderr.read()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed ({p.returncode}): {err.strip()} {out.strip()}")
+    return out, ru.ru_utime, ru.ru_stime, wall
+
+
+class Server:
+    def __init__(self, cmd, ready, env=None):
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        self.line = ready(self.p)
+
+    def cpu(self):
+        return proc_cpu(self.p.pid)
+
+    def stop(self):
+        self.p.kill()
+        self.p.wait()
+
+
+def wanxfer_server(binary, root, env):
+    def ready(p):
+        line = p.stdout.readline()
+        m = re.search(r"on (127\.0\.0\.1:\d+)$", line.strip())
+        if not m:
+            raise RuntimeError(f"server did not start: {line!r}")
+        return m.group(1)
+
+    return Server([binary, "serve", "--root", root, "--listen", "127.0.0.1:0"], ready, env)
+
+
+def iperf3(seconds):
+    port = "5299"
+    srv = subprocess.Popen(["iperf3", "-s", "-1", "-p", port], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    before = proc_cpu(srv.pid)
+    out, cu, cs, wall = run_client(["iperf3", "-c", "127.0.0.1", "-p", port, "-t", str(seconds), "--json"])
+    after = proc_cpu(srv.pid)
+    srv.wait()
+    end = json.loads(out)["end"]
+    byts = end["sum_received"]["bytes"]
+    secs = end["sum_received"]["seconds"]
+    return {
+        "tool": "iperf3 -c (1 stream)",
+        "gbit": byts * 8 / secs / 1e9,
+        "bytes": byts,
+        "send_cpu": cu + cs,
+        "recv_cpu": (after[0] - before[0]) + (after[1] - before[1]),
+    }
+
+
+def wanxfer_mem(binary, addr, size, env, extra=()):
+    out, cu, cs, wall = run_client(
+        [binary, "cp", "--json", *extra, "--bytes", size, "/dev/zero", f"wanxfer://{addr}/dev/null"], env
+    )
+    r = json.loads(out)
+    return {
+        "tool": "wanxfer cp --bytes " + " ".join(extra),
+        "gbit": r["gbit_per_s"],
+        "bytes": r["bytes"],
+        "send_cpu": cu + cs,
+        "recv_cpu": r["peer_cpu_user_s"] + r["peer_cpu_sys_s"],
+        "report": r,
+    }
+
+
+def wanxfer_files(binary, addr, src, dest_name, root, env, extra=()):
+    out, cu, cs, wall = run_client([binary, "cp", "--json", *extra, src, f"wanxfer://{addr}/{dest_name}"], env)
+    r = json.loads(out)
+    dst = os.path.join(root, dest_name)
+    ok = subprocess.run(["diff", "-r", "-q", src, dst], capture_output=True).returncode == 0
+    shutil.rmtree(dst)
+    return {
+        "gbit": r["gbit_per_s"],
+        "files_per_s": r["files_per_s"],
+        "files": r["files"],
+        "bytes": r["bytes"],
+        "send_cpu": cu + cs,
+        "recv_cpu": r["peer_cpu_user_s"] + r["peer_cpu_sys_s"],
+        "verified": ok,
+    }
+
+
+def best(runs, key="gbit"):
+    return max(runs, key=lambda r: r[key])
+
+
+def machine():
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, Linux {platform.release()}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=int, default=10, help="iperf3 duration")
+    ap.add_argument("--bytes", default="16GiB", help="wanxfer memory-to-memory size")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+
+    sh(["cargo", "build", "--release", "-q", "-p", "wanxfer"], cwd=ROOT)
+    binary = os.path.join(ROOT, "target", "release", "wanxfer")
+    env = dict(os.environ, WANXFER_SECRET="bench-secret")
+    work = tempfile.mkdtemp(prefix="wanxfer-bench.", dir="/dev/shm")
+    lines = []
+    try:
+        root = os.path.join(work, "root")
+        os.makedirs(root)
+        srv = wanxfer_server(binary, root, env)
+        addr = srv.line
+        try:
+            ip = [iperf3(a.seconds) for _ in range(a.repeat)]
+            wx = [wanxfer_mem(binary, addr, a.bytes, env) for _ in range(a.repeat)]
+            wx1 = [wanxfer_mem(binary, addr, a.bytes, env, ("--streams", "1")) for _ in range(a.repeat)]
+            ib, wb, w1 = best(ip), best(wx), best(wx1)
+            lines += [
+                "## Memory to memory (loopback, best of %d)" % a.repeat,
+                "",
+                "| tool | Gbit/s | sender CPU s/GB | receiver CPU s/GB | ratio to iperf3 |",
+                "|---|---|---|---|---|",
+            ]
+            for r in (ib, wb, w1):
+                gb = r["bytes"] / 1e9
+                lines.append(
+                    f"| {r['tool']} | {r['gbit']:.1f} | {r['send_cpu'] / gb:.3f} | {r['recv_cpu'] / gb:.3f} | {r['gbit'] / ib['gbit']:.2f} |"
+                )
+            gen = os.path.join(ROOT, "scripts", "gen-dataset.py")
+            small = os.path.join(work, "small-src")
+            sh([sys.executable, gen, small, "--small-count", "20000", "--small-kib", "64", "--dirs", "100"])
+            big = os.path.join(work, "big-src")
+            sh([sys.executable, gen, big, "--large-mib", str(20000 * 64 // 1024)])
+            sf = [wanxfer_files(binary, addr, small, "small", root, env) for _ in range(a.repeat)]
+            bf = [wanxfer_files(binary, addr, big, "big", root, env) for _ in range(a.repeat)]
+            sb, bb = best(sf), best(bf)
+            lines += [
+                "",
+                "## Files, tmpfs to tmpfs (loopback, best of %d, every byte verified with diff -r)" % a.repeat,
+                "",
+                "| dataset | Gbit/s | files/s | sender CPU s | receiver CPU s | verified |",
+                "|---|---|---|---|---|---|",
+                f"| 20,000 x 64 KiB in 100 dirs | {sb['gbit']:.2f} | {sb['files_per_s']:.0f} | {sb['send_cpu']:.2f} | {sb['recv_cpu']:.2f} | {all(r['verified'] for r in sf)} |",
+                f"| one {20000 * 64 // 1024} MiB file | {bb['gbit']:.2f} | {bb['files_per_s']:.1f} | {bb['send_cpu']:.2f} | {bb['recv_cpu']:.2f} | {all(r['verified'] for r in bf)} |",
+                "",
+                f"Small files reach {sb['gbit'] / bb['gbit']:.2f}x the single file's rate.",
+            ]
+        finally:
+            srv.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    header = [
+        "# wanxfer quick benchmark",
+        "",
+        f"Machine: {machine()}.",
+        f"Command: `bench/quick.py --seconds {a.seconds} --bytes {a.bytes} --repeat {a.repeat}`",
+        "wanxfer defaults: 2 streams, 4 MiB blocks, depth 4, block CRC-32C and file XXH3-128 on.",
+        "",
+    ]
+    text = "\n".join(header + lines) + "\n"
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()

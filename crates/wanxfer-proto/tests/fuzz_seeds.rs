@@ -1,0 +1,143 @@
+//! Writes valid frames and block headers as seeds for the fuzz corpus in `fuzz/corpus`:
+//! `WANXFER_WRITE_CORPUS=1 cargo test -p wanxfer-proto --test fuzz_seeds`. Without the
+//! variable it only checks that every seed decodes, so the seeds stay valid as the
+//! protocol evolves.
+
+use wanxfer_proto::*;
+
+fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
+    let path = |s: &str| RelPath::new(s.as_bytes()).unwrap();
+    let msgs = vec![
+        (
+            "hello",
+            Message::Hello(Hello {
+                version: PROTOCOL_VERSION,
+                features: features::SUPPORTED,
+                nonce: [3; 32],
+                software: b"wanxfer".to_vec(),
+            }),
+        ),
+        (
+            "open",
+            Message::OpenSession(OpenSession {
+                direction: Direction::Push,
+                transport: TransportKind::Tcp,
+                paths: vec![path("a/b")],
+                source_count: 2,
+                streams: 2,
+                block_size: 4 << 20,
+                depth: 4,
+                window: 1024,
+                flags: 0,
+                synthetic_bytes: 0,
+            }),
+        ),
+        (
+            "manifest",
+            Message::Manifest(Manifest {
+                first_id: 0,
+                entries: vec![
+                    Entry {
+                        kind: EntryKind::Dir,
+                        path: path("top"),
+                        size: 0,
+                        mode: 0o755,
+                        mtime_sec: 1,
+                        mtime_nsec: 2,
+                        link_target: vec![],
+                    },
+                    Entry {
+                        kind: EntryKind::File,
+                        path: path("top/f"),
+                        size: 10,
+                        mode: 0o644,
+                        mtime_sec: 1,
+                        mtime_nsec: 2,
+                        link_target: vec![],
+                    },
+                    Entry {
+                        kind: EntryKind::Symlink,
+                        path: path("top/l"),
+                        size: 0,
+                        mode: 0o777,
+                        mtime_sec: 1,
+                        mtime_nsec: 2,
+                        link_target: b"../x".to_vec(),
+                    },
+                ],
+            }),
+        ),
+        ("ack", Message::FileAck { ids: vec![1, 2, 3] }),
+        (
+            "credit",
+            Message::Credit(Credit {
+                channel: 1,
+                grants: vec![SlotGrant {
+                    slot: 0,
+                    len: 4096,
+                    addr: 0,
+                    key: 9,
+                }],
+            }),
+        ),
+        (
+            "failed",
+            Message::FileFailed(FileFailed {
+                id: 4,
+                class: FailureClass::Integrity,
+                offset: 4096,
+                message: b"bad".to_vec(),
+            }),
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, msg) in msgs {
+        let mut buf = Vec::new();
+        encode_frame(&msg, &mut buf);
+        out.push(("frame", name, buf.clone()));
+        // The handshake target reads (kind, len, body) triples.
+        let mut hs = vec![buf[0], (buf.len() - FrameHeader::LEN).min(255) as u8];
+        hs.extend_from_slice(&buf[FrameHeader::LEN..]);
+        out.push(("handshake", name, hs));
+    }
+    let segs = [Segment {
+        file_id: 1,
+        offset: 0,
+        len: 10,
+        flags: Segment::FLAG_LAST,
+        digest: [1; 16],
+    }];
+    let h = BlockHeader {
+        flags: BlockHeader::FLAG_PAYLOAD_CRC,
+        segment_count: 1,
+        payload_len: 10,
+        payload_crc: 5,
+        session_tag: 6,
+        sequence: 7,
+    };
+    let mut buf = Vec::new();
+    h.encode(&segs, &mut buf);
+    out.push(("block_header", "one_segment", buf));
+    out
+}
+
+#[test]
+fn seeds_are_valid_and_written_on_request() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus");
+    for (target, name, bytes) in seeds() {
+        match target {
+            "frame" => assert!(decode_frame(&bytes).is_ok(), "{name}"),
+            "block_header" => {
+                let fixed: &[u8; BlockHeader::LEN] = bytes[..BlockHeader::LEN].try_into().unwrap();
+                let h = BlockHeader::decode_fixed(fixed).unwrap();
+                h.decode_segments(fixed, &bytes[BlockHeader::LEN..], &mut Vec::new())
+                    .unwrap();
+            }
+            _ => {}
+        }
+        if std::env::var_os("WANXFER_WRITE_CORPUS").is_some() {
+            std::fs::create_dir_all(dir.join(target)).unwrap();
+            std::fs::write(dir.join(target).join(format!("seed-{name}")), &bytes).unwrap();
+        }
+    }
+}
