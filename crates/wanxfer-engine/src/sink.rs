@@ -138,6 +138,14 @@ impl Coverage {
     pub fn is_complete(&self, size: u64) -> bool {
         self.bytes == size
     }
+
+    /// The end of the received run that contains `pos`, if `pos` has been received.
+    pub fn end_of_run(&self, pos: u64) -> Option<u64> {
+        self.ranges
+            .range(..=pos)
+            .next_back()
+            .and_then(|(_, &end)| (end > pos).then_some(end))
+    }
 }
 
 /// A file the receiver has finished with, either way.
@@ -164,6 +172,53 @@ struct SlotState {
     digest: Option<[u8; 16]>,
     /// Set when one segment held the whole file and its digest was checked from memory.
     verified: bool,
+    running: RunningDigest,
+}
+
+/// The digest of a file's first `upto` bytes, advanced as data arrives.
+///
+/// Data that arrives in order is hashed straight from the block buffer; a stretch that
+/// arrived early is hashed by reading it back once the gap before it fills. With a few
+/// channels most blocks arrive nearly in order, so a multi-gigabyte file is not re-read
+/// from disk in full before its rename.
+#[derive(Default)]
+struct RunningDigest {
+    hasher: Xxh3,
+    upto: u64,
+}
+
+impl std::fmt::Debug for RunningDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningDigest")
+            .field("upto", &self.upto)
+            .finish()
+    }
+}
+
+impl RunningDigest {
+    fn advance(
+        &mut self,
+        offset: u64,
+        data: &[u8],
+        coverage: &Coverage,
+        file: &std::fs::File,
+        scratch: &mut Vec<u8>,
+    ) -> std::io::Result<()> {
+        if offset == self.upto {
+            self.hasher.update(data);
+            self.upto += data.len() as u64;
+        }
+        if let Some(end) = coverage.end_of_run(self.upto) {
+            scratch.resize(1 << 20, 0);
+            while self.upto < end {
+                let n = (end - self.upto).min(scratch.len() as u64) as usize;
+                file.read_exact_at(&mut scratch[..n], self.upto)?;
+                self.hasher.update(&scratch[..n]);
+                self.upto += n as u64;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug)]
@@ -211,6 +266,8 @@ impl Sink {
         verify_digest: bool,
         limits: SinkLimits,
     ) -> Sink {
+        // Discarded data has nothing to verify against after the fact.
+        let verify_digest = verify_digest && target.is_some();
         Sink {
             target,
             peer,
@@ -424,7 +481,7 @@ impl Sink {
             }
         }
         drop(temp);
-        self.record(seg, &slot, scratch)
+        self.record(seg, data, &slot, scratch)
     }
 
     /// Checks the segment against the slot's state and opens the temporary on first use.
@@ -494,22 +551,41 @@ impl Sink {
     fn record(
         &self,
         seg: &Segment,
+        data: &[u8],
         slot: &Arc<Slot>,
         scratch: &mut Vec<u8>,
     ) -> Result<Option<Resolution>, Error> {
-        let (temp, verified) = {
-            let mut state = slot.state.lock().expect("no panics while held");
+        let id = seg.file_id;
+        let (temp, computed) = {
+            let mut guard = slot.state.lock().expect("no panics while held");
+            let state = &mut *guard;
             let end = seg.offset + u64::from(seg.len);
             state.coverage.add(seg.offset, end).map_err(|e| {
                 Error::protocol(&self.peer, format!("{}: {e}", self.show(&slot.dest)))
             })?;
+            if let (true, false, Some(temp)) = (self.verify_digest, state.verified, &state.temp) {
+                let advanced =
+                    state
+                        .running
+                        .advance(seg.offset, data, &state.coverage, &temp.file, scratch);
+                if let Err(e) = advanced {
+                    drop(guard);
+                    let error = Error::local("re-read for verification", self.show(&slot.dest), e);
+                    return self.fail_or_abort(id, error);
+                }
+            }
             let digest_known = state.digest.is_some() || !self.verify_digest;
             if !(state.coverage.is_complete(slot.size) && digest_known) {
                 return Ok(None);
             }
-            (state.temp.take(), state.verified)
+            let computed = if state.verified {
+                state.digest
+            } else {
+                debug_assert_eq!(state.running.upto, slot.size);
+                Some(state.running.hasher.digest128().to_le_bytes())
+            };
+            (state.temp.take(), computed)
         };
-        let id = seg.file_id;
         self.slots.lock().expect("no panics while held").remove(&id);
         let Some(temp) = temp else {
             // Discarding: complete is all there is to check.
@@ -521,8 +597,8 @@ impl Sink {
         self.open_files.fetch_sub(1, Ordering::Relaxed);
         // Every writer drops its clone before recording its range, so we are the last.
         let temp = Arc::try_unwrap(temp).expect("no other writer holds a complete file");
-        let digest = slot.state.lock().expect("no panics while held").digest;
-        match self.finish_file(slot, temp, digest, verified, scratch) {
+        let expected = slot.state.lock().expect("no panics while held").digest;
+        match self.finish_file(slot, temp, expected, computed) {
             Ok(()) => Ok(Some(Resolution::Done {
                 id,
                 bytes: slot.size,
@@ -535,16 +611,11 @@ impl Sink {
         &self,
         slot: &Slot,
         temp: TempFile,
-        digest: Option<[u8; 16]>,
-        verified: bool,
-        scratch: &mut Vec<u8>,
+        expected: Option<[u8; 16]>,
+        computed: Option<[u8; 16]>,
     ) -> Result<(), Error> {
-        if self.verify_digest && !verified {
-            let actual = hash_file(&temp.file, slot.size, scratch)
-                .map_err(|e| Error::local("re-read for verification", self.show(&slot.dest), e))?;
-            if Some(actual) != digest {
-                return Err(self.digest_mismatch(slot));
-            }
+        if self.verify_digest && computed != expected {
+            return Err(self.digest_mismatch(slot));
         }
         temp.commit(slot.mode, slot.mtime_sec, slot.mtime_nsec)
             .map_err(|e| Error::local("rename into place", self.show(&slot.dest), e))
@@ -594,19 +665,6 @@ fn is_fatal(e: &Error) -> bool {
     }
 }
 
-fn hash_file(file: &std::fs::File, size: u64, scratch: &mut Vec<u8>) -> std::io::Result<[u8; 16]> {
-    scratch.resize(1 << 20, 0);
-    let mut hasher = Xxh3::new();
-    let mut offset = 0u64;
-    while offset < size {
-        let n = (size - offset).min(scratch.len() as u64) as usize;
-        file.read_exact_at(&mut scratch[..n], offset)?;
-        hasher.update(&scratch[..n]);
-        offset += n as u64;
-    }
-    Ok(hasher.digest128().to_le_bytes())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -645,6 +703,121 @@ mod tests {
             prop_assert!(c.is_complete(chunks as u64 * 7));
             prop_assert_eq!(c.ranges.len(), 1);
         }
+    }
+
+    fn entry(path: &str, size: u64) -> Entry {
+        Entry {
+            kind: EntryKind::File,
+            path: RelPath::new(path.as_bytes()).unwrap(),
+            size,
+            mode: 0o640,
+            mtime_sec: 1_000_000,
+            mtime_nsec: 5,
+            link_target: Vec::new(),
+        }
+    }
+
+    /// Feeds `data` to `sink` as file 0 in chunks of `chunk` bytes, in `order`.
+    fn feed(
+        sink: &Sink,
+        data: &[u8],
+        chunk: usize,
+        order: &[usize],
+        digest: [u8; 16],
+    ) -> Vec<Resolution> {
+        let pool = crate::pool::Pool::new(2, chunk);
+        let cancel = crate::pool::Cancel::default();
+        let mut out = Vec::new();
+        let mut scratch = Vec::new();
+        let chunks = data.len().div_ceil(chunk);
+        for &i in order {
+            let start = i * chunk;
+            let len = chunk.min(data.len() - start);
+            let mut block = pool.take(&cancel).unwrap();
+            block.space()[..len].copy_from_slice(&data[start..start + len]);
+            block.len = len;
+            let last = i + 1 == chunks;
+            block.segments.push(Segment {
+                file_id: 0,
+                offset: start as u64,
+                len: len as u32,
+                flags: if last { Segment::FLAG_LAST } else { 0 },
+                digest: if last { digest } else { [0; 16] },
+            });
+            sink.place_block(&block, &mut scratch, &mut out).unwrap();
+        }
+        out
+    }
+
+    fn sink_in(dir: &std::path::Path) -> Sink {
+        let root = Root::open(dir).unwrap();
+        let placement = Placement::resolve(&root, &RelPath::root(), 1).unwrap();
+        Sink::new(
+            Some((root, placement)),
+            "test peer".into(),
+            9,
+            true,
+            SinkLimits::default(),
+        )
+    }
+
+    #[test]
+    fn out_of_order_blocks_verify_and_land_with_metadata() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = sink_in(dir.path());
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        assert!(sink
+            .apply_entry(0, &entry("f", data.len() as u64))
+            .unwrap()
+            .is_none());
+        let digest = xxh3_128(&data).to_le_bytes();
+        let out = feed(
+            &sink,
+            &data,
+            4096,
+            &[
+                3, 1, 0, 2, 24, 5, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+                22, 23,
+            ],
+            digest,
+        );
+        assert!(
+            matches!(out.as_slice(), [Resolution::Done { id: 0, .. }]),
+            "{out:?}"
+        );
+        let path = dir.path().join("f");
+        assert_eq!(std::fs::read(&path).unwrap(), data);
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+            0o640
+        );
+        assert_eq!(std::os::unix::fs::MetadataExt::mtime(&meta), 1_000_000);
+        assert_eq!(std::os::unix::fs::MetadataExt::mtime_nsec(&meta), 5);
+    }
+
+    #[test]
+    fn a_wrong_digest_never_reaches_the_final_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = sink_in(dir.path());
+        let data = vec![7u8; 10_000];
+        sink.apply_entry(0, &entry("f", data.len() as u64)).unwrap();
+        let out = feed(&sink, &data, 4096, &[2, 0, 1], [0xee; 16]);
+        assert!(
+            matches!(
+                out.as_slice(),
+                [Resolution::Failed {
+                    id: 0,
+                    error: Error::Integrity { .. }
+                }]
+            ),
+            "{out:?}"
+        );
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "no final name, no temporary"
+        );
     }
 
     #[test]

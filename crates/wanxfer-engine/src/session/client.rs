@@ -204,8 +204,11 @@ fn open_request(job: &ClientJob, tuning: &Tuning) -> OpenSession {
         ClientJob::Pull {
             sources,
             synthetic_bytes,
-            ..
+            dest,
         } => {
+            if matches!(dest, PullDest::Discard) {
+                flags |= session_flags::DISCARD;
+            }
             if let Some(bytes) = synthetic_bytes {
                 flags |= session_flags::SYNTHETIC_SOURCE;
                 (
@@ -244,6 +247,7 @@ fn agreed_params(a: &SessionAccepted, tuning: &Tuning) -> Params {
         writers: tuning.writers.max(1),
         block_crc: a.flags & session_flags::NO_BLOCK_CHECKSUM == 0,
         file_digest: a.flags & session_flags::NO_FILE_DIGEST == 0,
+        discard: a.flags & session_flags::DISCARD != 0,
     }
 }
 

@@ -205,7 +205,7 @@ fn sender_loop(core: &mut Core, source: &Source) -> Result<Outcome, Error> {
     let cfg = ReaderConfig {
         session_tag: params.session_tag,
         block_crc: params.block_crc,
-        file_digest: params.file_digest,
+        file_digest: params.file_digest && !params.discard,
     };
     for i in 0..params.readers {
         let (plans, blocks, fails, pool, cfg, shared, cancel) = (

@@ -61,6 +61,8 @@ pub struct Params {
     pub writers: usize,
     pub block_crc: bool,
     pub file_digest: bool,
+    /// The receiver throws data away: the sender need not compute file digests.
+    pub discard: bool,
 }
 
 impl Params {

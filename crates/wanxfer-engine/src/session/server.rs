@@ -374,6 +374,7 @@ impl Connection {
             writers: l.writers.max(1),
             block_crc: req.flags & session_flags::NO_BLOCK_CHECKSUM == 0,
             file_digest: req.flags & session_flags::NO_FILE_DIGEST == 0,
+            discard: req.flags & session_flags::DISCARD != 0,
         };
         while params.depth > 1 && params.pool_blocks() * block_size as usize > l.max_pool_bytes {
             params.depth -= 1;
