@@ -19,6 +19,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Timespec, Timestamps};
 use wanxfer_proto::RelPath;
@@ -167,6 +168,31 @@ impl Root {
     }
 }
 
+/// The most recently resolved directory, shared by the threads that write into a tree.
+///
+/// Files arrive grouped by directory, so remembering one directory handle saves an
+/// `openat2` path walk (and a `close`) for nearly every small file.
+#[derive(Debug, Default)]
+pub struct DirCache {
+    last: Mutex<Option<(RelPath, Arc<OwnedFd>)>>,
+}
+
+impl DirCache {
+    /// The handle of directory `rel` beneath `root`, from the cache when it is the last
+    /// one asked for.
+    pub fn get(&self, root: &Root, rel: &RelPath) -> Result<Arc<OwnedFd>, Error> {
+        let mut last = self.last.lock().expect("no panics while held");
+        if let Some((cached, fd)) = &*last {
+            if cached == rel {
+                return Ok(fd.clone());
+            }
+        }
+        let fd = Arc::new(root.dir(rel)?);
+        *last = Some((rel.clone(), fd.clone()));
+        Ok(fd)
+    }
+}
+
 /// Metadata of `name` in `dir`, not following symlinks; `None` if it does not exist.
 pub fn meta_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Option<Meta>> {
     match rustix::fs::statat(dir, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW) {
@@ -267,7 +293,7 @@ pub fn apply_meta(
 /// A file being written under a temporary name in its final directory.
 #[derive(Debug)]
 pub struct TempFile {
-    dir: OwnedFd,
+    dir: Arc<OwnedFd>,
     temp_name: Vec<u8>,
     final_name: Vec<u8>,
     pub file: File,
@@ -285,10 +311,10 @@ pub fn temp_name(session_tag: u64, final_name: &[u8]) -> Vec<u8> {
 impl TempFile {
     /// Creates the temporary exclusively (`O_EXCL | O_NOFOLLOW`): an existing file or
     /// symlink with that name is never opened.
-    pub fn create(dir: OwnedFd, final_name: &[u8], session_tag: u64) -> io::Result<TempFile> {
+    pub fn create(dir: Arc<OwnedFd>, final_name: &[u8], session_tag: u64) -> io::Result<TempFile> {
         let temp_name = temp_name(session_tag, final_name);
         let fd = rustix::fs::openat(
-            &dir,
+            dir.as_fd(),
             OsStr::from_bytes(&temp_name),
             OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
@@ -307,9 +333,9 @@ impl TempFile {
     pub fn commit(mut self, mode: u32, mtime_sec: i64, mtime_nsec: u32) -> io::Result<()> {
         apply_meta(self.file.as_fd(), mode, mtime_sec, mtime_nsec)?;
         rustix::fs::renameat(
-            &self.dir,
+            self.dir.as_fd(),
             OsStr::from_bytes(&self.temp_name),
-            &self.dir,
+            self.dir.as_fd(),
             OsStr::from_bytes(&self.final_name),
         )?;
         self.committed = true;
@@ -321,7 +347,7 @@ impl Drop for TempFile {
     fn drop(&mut self) {
         if !self.committed {
             let _ = rustix::fs::unlinkat(
-                &self.dir,
+                self.dir.as_fd(),
                 OsStr::from_bytes(&self.temp_name),
                 AtFlags::empty(),
             );
@@ -383,7 +409,8 @@ mod tests {
         let root_dir = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(&target, root_dir.path().join("f")).unwrap();
         let root = Root::open(root_dir.path()).unwrap();
-        let mut t = TempFile::create(root.dir(&RelPath::root()).unwrap(), b"f", 1).unwrap();
+        let mut t =
+            TempFile::create(Arc::new(root.dir(&RelPath::root()).unwrap()), b"f", 1).unwrap();
         std::io::Write::write_all(&mut t.file, b"new").unwrap();
         t.commit(0o644, 0, 0).unwrap();
         assert_eq!(std::fs::read(&target).unwrap(), b"precious");
@@ -395,7 +422,7 @@ mod tests {
     fn uncommitted_temp_file_is_removed() {
         let root_dir = tempfile::tempdir().unwrap();
         let root = Root::open(root_dir.path()).unwrap();
-        let t = TempFile::create(root.dir(&RelPath::root()).unwrap(), b"f", 1).unwrap();
+        let t = TempFile::create(Arc::new(root.dir(&RelPath::root()).unwrap()), b"f", 1).unwrap();
         drop(t);
         assert_eq!(std::fs::read_dir(root_dir.path()).unwrap().count(), 0);
     }

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use wanxfer_proto::{Entry, EntryKind, RelPath, Segment};
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
-use crate::fs::{self, Kind, Root, TempFile};
+use crate::fs::{self, DirCache, Kind, Root, TempFile};
 use crate::pool::Block;
 use crate::Error;
 
@@ -254,6 +254,7 @@ pub struct Sink {
     slots: Mutex<HashMap<u64, Arc<Slot>>>,
     failed: Mutex<HashSet<u64>>,
     dirs: Mutex<Vec<DirMeta>>,
+    dirs_cache: DirCache,
     open_files: AtomicUsize,
 }
 
@@ -277,6 +278,7 @@ impl Sink {
             slots: Mutex::default(),
             failed: Mutex::default(),
             dirs: Mutex::default(),
+            dirs_cache: DirCache::default(),
             open_files: AtomicUsize::new(0),
         }
     }
@@ -325,7 +327,7 @@ impl Sink {
             path: root.show(dest),
             reason: "an entry names the destination root itself".into(),
         })?;
-        let dir = root.dir(&parent)?;
+        let dir = self.dirs_cache.get(root, &parent)?;
         let io = |op, e| Error::local(op, root.show(dest), e);
         match entry.kind {
             EntryKind::Dir => {
@@ -521,7 +523,7 @@ impl Sink {
                 )));
             }
             let (parent, name) = slot.dest.split_last().expect("files are never the root");
-            let dir = root.dir(&parent)?;
+            let dir = self.dirs_cache.get(root, &parent)?;
             let temp = TempFile::create(dir, name, self.session_tag)
                 .map_err(|e| Error::local("create", self.show(&slot.dest), e))?;
             self.open_files.fetch_add(1, Ordering::Relaxed);

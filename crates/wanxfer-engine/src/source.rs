@@ -481,6 +481,7 @@ pub fn run_reader(
     cancel: Cancel,
 ) -> Result<(), Error> {
     let reader = Reader {
+        dir: std::cell::RefCell::default(),
         pool,
         cfg,
         shared,
@@ -498,6 +499,7 @@ pub fn run_reader(
 }
 
 struct Reader {
+    dir: std::cell::RefCell<ReaderDir>,
     pool: Pool,
     cfg: ReaderConfig,
     shared: Arc<ReaderShared>,
@@ -513,7 +515,7 @@ impl Reader {
     }
 
     fn send_chunked(&self, job: FileJob) -> Result<(), Error> {
-        let file = match open_content(&job) {
+        let file = match self.dir.borrow_mut().open(&job) {
             Ok(f) => f,
             Err(e) => {
                 self.fail(job.id, e);
@@ -560,7 +562,10 @@ impl Reader {
         let mut pos = 0usize;
         for job in jobs {
             let size = job.size as usize;
-            let read = open_content(&job)
+            let read = self
+                .dir
+                .borrow_mut()
+                .open(&job)
                 .and_then(|file| fill(&file, &job, 0, &mut block.space()[pos..pos + size]));
             if let Err(e) = read {
                 self.fail(job.id, e);
@@ -624,18 +629,39 @@ impl Reader {
     }
 }
 
-fn open_content(job: &FileJob) -> Result<Option<File>, Error> {
-    match &job.content {
-        Content::Zeros => Ok(None),
-        Content::File { base, rel } => rustix::fs::openat2(
-            base.as_fd(),
-            OsStr::from_bytes(rel.as_bytes()),
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-        )
-        .map(|fd| Some(File::from(fd)))
-        .map_err(|e| Error::local("open", &job.shown, e.into())),
+/// The directory a reader opened last, so that files of one directory (which arrive
+/// together) cost one `openat`, not a full path walk, each.
+#[derive(Default)]
+struct ReaderDir {
+    last: Option<(*const OwnedFd, RelPath, OwnedFd)>,
+}
+
+impl ReaderDir {
+    /// Opens `job`'s file for reading: the parent is resolved beneath the source's base
+    /// with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, the name opened with `O_NOFOLLOW`.
+    fn open(&mut self, job: &FileJob) -> Result<Option<File>, Error> {
+        let (base, rel) = match &job.content {
+            Content::Zeros => return Ok(None),
+            Content::File { base, rel } => (base, rel),
+        };
+        let (parent, name) = rel.split_last().expect("files are never the root");
+        let key = Arc::as_ptr(base);
+        let cached = matches!(&self.last, Some((k, p, _)) if *k == key && *p == parent);
+        if !cached {
+            let dir = rustix::fs::openat2(
+                base.as_fd(),
+                OsStr::from_bytes(parent.as_bytes()),
+                OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+                Mode::empty(),
+                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+            )
+            .map_err(|e| Error::local("open directory of", &job.shown, e.into()))?;
+            self.last = Some((key, parent, dir));
+        }
+        let (_, _, dir) = self.last.as_ref().expect("set above");
+        fs::open_file_at(dir.as_fd(), name)
+            .map(Some)
+            .map_err(|e| Error::local("open", &job.shown, e))
     }
 }
 
