@@ -1,0 +1,768 @@
+//! The credit-based block channel.
+//!
+//! Why credits: an RDMA write lands in the receiver's memory without the
+//! receiver's CPU taking part, so the sender may only write where the
+//! receiver said it may — a credit names one free slot of the receiver's
+//! registered block pool. The receiver regains the slot when the block is
+//! announced (remote CQ data carrying the slot index, or a message where
+//! the provider lacks CQ data), hands it to its writer, and grants it again
+//! only when the slot is free. A slow receiver therefore slows the sender
+//! down by withholding credits instead of being overrun.
+//!
+//! Why a second kind of credit: control messages (credits themselves, and
+//! the small messages of the layer above) are eager sends into receive
+//! buffers posted in advance; sending into a peer with no posted buffer is
+//! an error or a stall on RDMA hardware. Each side may have at most its
+//! peer's window of such messages unacknowledged. One buffer of the window
+//! is kept back from ordinary messages for the pure acknowledgement, so
+//! acknowledgements can always be sent and neither side can deadlock with
+//! both windows exhausted. Acknowledgements are cumulative counts, sent
+//! piggy-backed on every message and on their own only once at least two
+//! (or half a window of) messages are owed, so two idle peers do not keep
+//! acknowledging each other's acknowledgements.
+//!
+//! Why extra receive buffers: where the provider consumes a receive buffer
+//! for each write carrying CQ data (FI_RX_CQ_DATA, e.g. verbs), or where
+//! blocks are announced by message, every outstanding grant may consume one
+//! buffer; these are posted on top of the control window and never counted
+//! against it.
+//!
+//! The channel knows slots, lengths and bytes only — nothing of files.
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use libfabric_sys as sys;
+
+use crate::buf::RegisterMem;
+use crate::conn::{Completion, ConnConfig, Connection, Listener};
+use crate::error::{Error, Result};
+use crate::info::{FabricConfig, ProviderInfo};
+use crate::mr::{Access, MemoryRegion, RegistrationCount, RemoteSlot};
+
+/// Bytes of the header on every control message.
+const HEADER: usize = 16;
+/// Bytes of a grant's body (address, key, length).
+const GRANT_BODY: usize = 24;
+/// Longest block inside a blocking call before deadlines are rechecked.
+const PUMP_SLICE: Duration = Duration::from_millis(100);
+
+/// Control message kinds on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Kind {
+    Hello = 1,
+    Ack = 2,
+    Grant = 3,
+    Control = 4,
+    Notify = 5,
+}
+
+impl Kind {
+    fn from_byte(b: u8) -> Option<Kind> {
+        [
+            Kind::Hello,
+            Kind::Ack,
+            Kind::Grant,
+            Kind::Control,
+            Kind::Notify,
+        ]
+        .into_iter()
+        .find(|k| *k as u8 == b)
+    }
+
+    /// How a message of this kind is paid for.
+    fn cost(self) -> Cost {
+        match self {
+            Kind::Hello => Cost::Opening,
+            Kind::Ack => Cost::Reserved,
+            Kind::Grant | Kind::Control => Cost::Regular,
+            Kind::Notify => Cost::Block,
+        }
+    }
+}
+
+/// Which receive buffers of the peer a message may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cost {
+    /// Needs two free window buffers (one stays reserved for acks).
+    Regular,
+    /// May use the reserved buffer.
+    Reserved,
+    /// The first message; the peer posted its window before connecting.
+    Opening,
+    /// Uses the extra buffers covered by a block credit.
+    Block,
+}
+
+/// Sizes of a channel. Both sides may use different values; each learns
+/// the other's window and message limit when the channel opens.
+#[derive(Debug, Clone)]
+pub struct ChannelConfig {
+    /// Ordinary control messages the peer may have outstanding towards us
+    /// (at least 2); one more buffer is posted for acknowledgements.
+    pub ctrl_credits: u32,
+    /// Largest control message payload we accept.
+    pub ctrl_max_len: usize,
+    /// Slots we may have granted and not yet seen arrive.
+    pub max_grants: u32,
+    /// RDMA writes we may have in flight.
+    pub max_writes: usize,
+    /// How long a blocking control send waits for the peer's window
+    /// (`None`: until the connection breaks).
+    pub credit_timeout: Option<Duration>,
+    /// How long connect/accept wait.
+    pub connect_timeout: Option<Duration>,
+}
+
+impl Default for ChannelConfig {
+    fn default() -> Self {
+        ChannelConfig {
+            ctrl_credits: 8,
+            ctrl_max_len: 1024,
+            max_grants: 64,
+            max_writes: 64,
+            credit_timeout: None,
+            connect_timeout: Some(Duration::from_secs(30)),
+        }
+    }
+}
+
+impl ChannelConfig {
+    fn window(&self) -> u64 {
+        u64::from(self.ctrl_credits) + 1
+    }
+
+    fn message_size(&self) -> usize {
+        HEADER + self.ctrl_max_len.max(GRANT_BODY)
+    }
+
+    /// The connection sizes this channel needs.
+    pub fn conn_config(&self) -> ConnConfig {
+        ConnConfig {
+            rx_count: (self.window() + u64::from(self.max_grants)) as usize,
+            rx_size: self.message_size(),
+            tx_count: self.window() as usize + self.max_writes + 1,
+            tx_size: self.message_size(),
+            max_writes: self.max_writes,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.ctrl_credits < 2 || self.max_grants == 0 || self.max_writes == 0 {
+            return Err(Error::InvalidArgument(
+                "need ctrl_credits >= 2, max_grants >= 1 and max_writes >= 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Permission to write one slot of the peer's block pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Credit {
+    /// The slot's index in the peer's pool.
+    pub slot: u32,
+    /// Where and with which key to write it.
+    pub remote: RemoteSlot,
+}
+
+/// Something the channel has to tell its user.
+#[derive(Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// The peer granted a slot: one `write_block` may target it.
+    Credit(Credit),
+    /// A block landed in our slot `slot`; read it with [`Channel::slot`],
+    /// then grant the slot again once it is free.
+    BlockArrived {
+        /// The slot written.
+        slot: u32,
+        /// Bytes written into it.
+        len: usize,
+    },
+    /// A control message from the peer.
+    Control(Vec<u8>),
+    /// Our write into the peer's slot `slot` completed locally: its source
+    /// buffers may be reused.
+    WriteComplete {
+        /// The peer's slot the write went to.
+        slot: u32,
+    },
+}
+
+/// How blocks are announced to the peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Announce {
+    /// Remote CQ data carries the slot index.
+    CqData,
+    /// A message after the write; the provider orders sends after writes.
+    OrderedMessage,
+    /// A message once the write is known delivered.
+    MessageAfterDelivery,
+}
+
+/// Our registered block pool, split into equal slots.
+struct Pool {
+    region: MemoryRegion,
+    slot_size: usize,
+    granted: Vec<bool>,
+}
+
+/// Control-window accounting, in cumulative message counts.
+#[derive(Debug, Default)]
+struct Window {
+    /// The peer's window (posted buffers), once its hello arrived.
+    peer: Option<u64>,
+    /// Largest control payload the peer accepts.
+    peer_max_len: usize,
+    /// Window-counted messages we sent.
+    sent: u64,
+    /// Of those, how many the peer has acknowledged.
+    acked_by_peer: u64,
+    /// Window-counted messages of the peer we have consumed.
+    consumed: u64,
+    /// The `consumed` value we last told the peer.
+    acked_to_peer: u64,
+}
+
+impl Window {
+    fn free(&self) -> u64 {
+        self.peer
+            .map_or(0, |w| w.saturating_sub(self.sent - self.acked_by_peer))
+    }
+
+    fn allows(&self, cost: Cost) -> bool {
+        match cost {
+            Cost::Regular => self.free() >= 2,
+            Cost::Reserved => self.free() >= 1,
+            Cost::Opening | Cost::Block => true,
+        }
+    }
+
+    fn owed(&self) -> u64 {
+        self.consumed - self.acked_to_peer
+    }
+}
+
+/// A connection carrying credit-controlled block writes and control
+/// messages in both directions.
+pub struct Channel {
+    conn: Connection,
+    cfg: ChannelConfig,
+    announce: Announce,
+    pool: Option<Pool>,
+    grants_out: u32,
+    window: Window,
+    events: VecDeque<Event>,
+    notifies: VecDeque<(u32, u64)>,
+    scratch: Vec<Completion>,
+}
+
+impl Channel {
+    /// Dials a listening peer and opens a channel.
+    pub fn connect(
+        fabric: &FabricConfig,
+        addr: SocketAddr,
+        cfg: &ChannelConfig,
+    ) -> Result<Channel> {
+        cfg.validate()?;
+        let conn = Connection::connect(fabric, addr, &cfg.conn_config(), cfg.connect_timeout)?;
+        Channel::open(conn, cfg)
+    }
+
+    /// Accepts the next connection on `listener` and opens a channel.
+    pub fn accept(listener: &mut Listener, cfg: &ChannelConfig) -> Result<Channel> {
+        cfg.validate()?;
+        let conn = listener.accept(&cfg.conn_config(), cfg.connect_timeout)?;
+        Channel::open(conn, cfg)
+    }
+
+    fn open(conn: Connection, cfg: &ChannelConfig) -> Result<Channel> {
+        let info = conn.provider();
+        let announce = if info.remote_cq_data {
+            Announce::CqData
+        } else if info.send_after_write_ordered() {
+            Announce::OrderedMessage
+        } else {
+            Announce::MessageAfterDelivery
+        };
+        let mut channel = Channel {
+            conn,
+            cfg: cfg.clone(),
+            announce,
+            pool: None,
+            grants_out: 0,
+            window: Window::default(),
+            events: VecDeque::new(),
+            notifies: VecDeque::new(),
+            scratch: Vec::new(),
+        };
+        let hello = (cfg.ctrl_max_len as u64).to_le_bytes();
+        let window = cfg.window() as u32;
+        channel.send_message(Kind::Hello, window, &hello)?;
+        Ok(channel)
+    }
+
+    /// What discovery chose.
+    pub fn provider(&self) -> &ProviderInfo {
+        self.conn.provider()
+    }
+
+    /// The underlying connection (for inspection).
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// A live count of this channel's registrations.
+    pub fn registrations(&self) -> RegistrationCount {
+        self.conn.registrations()
+    }
+
+    /// Whether blocks are announced by remote CQ data (else by message).
+    pub fn uses_cq_data(&self) -> bool {
+        self.announce == Announce::CqData
+    }
+
+    /// Registers memory owned by the channel's layer from now on; see
+    /// [`Connection::register`].
+    pub fn register<B: RegisterMem>(&mut self, buf: B, access: Access) -> Result<MemoryRegion> {
+        self.conn.register(buf, access)
+    }
+
+    /// Registers caller-owned memory (cached); see
+    /// [`Connection::register_raw`].
+    ///
+    /// # Safety
+    /// As for [`Connection::register_raw`].
+    pub unsafe fn register_raw(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        // SAFETY: forwarded contract.
+        unsafe { self.conn.register_raw(ptr, len, access) }
+    }
+
+    /// Makes `region` (registered on this channel with remote-write access)
+    /// the block pool, split into slots of `slot_size` bytes.
+    pub fn set_slot_pool(&mut self, region: MemoryRegion, slot_size: usize) -> Result<()> {
+        if self.grants_out > 0 {
+            return Err(Error::InvalidArgument(
+                "slots of the old pool are still granted".into(),
+            ));
+        }
+        if !self.conn.owns(&region) || !region.access().contains(Access::REMOTE_WRITE) {
+            return Err(Error::InvalidArgument(
+                "pool must be registered on this channel with remote-write access".into(),
+            ));
+        }
+        let count = region.len().checked_div(slot_size).unwrap_or(0);
+        if count == 0 || count > u32::MAX as usize {
+            return Err(Error::InvalidArgument(format!(
+                "slot size {slot_size} does not split a pool of {} bytes",
+                region.len()
+            )));
+        }
+        self.pool = Some(Pool {
+            region,
+            slot_size,
+            granted: vec![false; count],
+        });
+        Ok(())
+    }
+
+    /// Number of slots in the pool.
+    pub fn slot_count(&self) -> u32 {
+        self.pool.as_ref().map_or(0, |p| p.granted.len() as u32)
+    }
+
+    /// The whole of slot `slot` (its first `len` bytes are those announced
+    /// by [`Event::BlockArrived`]).
+    pub fn slot(&self, slot: u32) -> Option<&[u8]> {
+        let pool = self.pool.as_ref()?;
+        let start = slot as usize * pool.slot_size;
+        pool.region.as_slice().get(start..start + pool.slot_size)
+    }
+
+    /// Grants the peer one write into `slot`. Blocks while the peer's
+    /// control window is full.
+    pub fn grant(&mut self, slot: u32) -> Result<()> {
+        let remote = self.reserve_slot(slot)?;
+        let mut body = [0u8; GRANT_BODY];
+        body[..8].copy_from_slice(&remote.addr.to_le_bytes());
+        body[8..16].copy_from_slice(&remote.key.to_le_bytes());
+        body[16..].copy_from_slice(&remote.len.to_le_bytes());
+        let sent = self.send_message(Kind::Grant, slot, &body);
+        if sent.is_err() {
+            self.release_slot(slot);
+        }
+        sent
+    }
+
+    fn reserve_slot(&mut self, slot: u32) -> Result<RemoteSlot> {
+        if self.grants_out >= self.cfg.max_grants {
+            return Err(Error::InvalidArgument(format!(
+                "already {} grants outstanding (max_grants)",
+                self.grants_out
+            )));
+        }
+        let pool = self
+            .pool
+            .as_mut()
+            .ok_or_else(|| Error::InvalidArgument("no slot pool set".into()))?;
+        match pool.granted.get_mut(slot as usize) {
+            Some(g @ false) => *g = true,
+            Some(true) => {
+                return Err(Error::InvalidArgument(format!(
+                    "slot {slot} is already granted"
+                )))
+            }
+            None => return Err(Error::InvalidArgument(format!("no slot {slot}"))),
+        }
+        self.grants_out += 1;
+        pool.region
+            .remote_slot(slot as usize * pool.slot_size, pool.slot_size)
+    }
+
+    fn release_slot(&mut self, slot: u32) {
+        if let Some(g) = self
+            .pool
+            .as_mut()
+            .and_then(|p| p.granted.get_mut(slot as usize))
+        {
+            *g = false;
+            self.grants_out -= 1;
+        }
+    }
+
+    /// RDMA-writes the gather list into the peer's slot named by `credit`
+    /// and announces it; returns once posted. Every slice must lie in
+    /// memory registered on this channel with [`Access::WRITE_SOURCE`]; it
+    /// must not change until [`Event::WriteComplete`] for this slot.
+    pub fn write_block(&mut self, iov: &[IoSlice<'_>], credit: Credit) -> Result<()> {
+        let len: u64 = iov.iter().map(|s| s.len() as u64).sum();
+        let (imm, flags) = match self.announce {
+            Announce::CqData => (Some(self.encode_imm(credit.slot, len)?), 0),
+            Announce::OrderedMessage => (None, 0),
+            Announce::MessageAfterDelivery => (None, sys::FI_DELIVERY_COMPLETE),
+        };
+        let deadline = self.deadline();
+        self.retry(deadline, |c| {
+            c.conn.write_flags(
+                iov,
+                credit.remote,
+                imm,
+                Self::write_tag(credit.slot, len),
+                flags,
+            )
+        })?;
+        if self.announce == Announce::OrderedMessage {
+            self.notifies.push_back((credit.slot, len));
+            self.flush_notifies()?;
+        }
+        Ok(())
+    }
+
+    /// The remote CQ data announcing a block. Providers with 8 bytes of CQ
+    /// data get the length in the high half, because some (tcp) report no
+    /// length for remote writes; with 4 bytes (verbs) it is the slot alone
+    /// and the length comes from the completion.
+    fn encode_imm(&self, slot: u32, len: u64) -> Result<u64> {
+        if self.conn.provider().cq_data_size < 8 {
+            return Ok(u64::from(slot));
+        }
+        let len = u32::try_from(len)
+            .map_err(|_| Error::InvalidArgument(format!("block of {len} bytes exceeds 4 GiB")))?;
+        Ok(u64::from(len) << 32 | u64::from(slot))
+    }
+
+    /// Inverse of [`Channel::encode_imm`].
+    fn decode_imm(&self, imm: u64, reported_len: usize) -> (u32, u64) {
+        if self.conn.provider().cq_data_size < 8 {
+            (imm as u32, reported_len as u64)
+        } else {
+            (imm as u32, imm >> 32)
+        }
+    }
+
+    /// A write's user value: the slot, and the length for late notifies.
+    fn write_tag(slot: u32, len: u64) -> u64 {
+        (len << 32) | u64::from(slot)
+    }
+
+    /// Sends a control message to the peer; blocks while its window is full.
+    pub fn send_control(&mut self, msg: &[u8]) -> Result<()> {
+        let limit = self.cfg.ctrl_max_len;
+        if msg.len() > limit {
+            return Err(Error::InvalidArgument(format!(
+                "control message of {} bytes (limit {limit})",
+                msg.len()
+            )));
+        }
+        self.send_message(Kind::Control, 0, msg)
+    }
+
+    /// RDMA writes of ours not yet complete.
+    pub fn writes_in_flight(&self) -> usize {
+        self.conn.writes_in_flight()
+    }
+
+    /// The next event, without blocking.
+    pub fn poll(&mut self) -> Result<Option<Event>> {
+        if self.events.is_empty() {
+            self.pump(Duration::ZERO)?;
+        }
+        Ok(self.events.pop_front())
+    }
+
+    /// The next event, blocking up to `timeout` (`None`: until one arrives
+    /// or the connection breaks). `Ok(None)` when the time ran out.
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<Option<Event>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(event) = self.events.pop_front() {
+                return Ok(Some(event));
+            }
+            match remaining(deadline) {
+                Some(left) if left.is_zero() => return Ok(None),
+                left => self.pump(left.unwrap_or(PUMP_SLICE).min(PUMP_SLICE))?,
+            }
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.cfg.credit_timeout.map(|t| Instant::now() + t)
+    }
+
+    /// Runs `op` until it stops reporting a full queue, making progress in
+    /// between (completions reaped meanwhile become events).
+    fn retry(
+        &mut self,
+        deadline: Option<Instant>,
+        mut op: impl FnMut(&mut Self) -> Result<()>,
+    ) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            match op(self) {
+                Err(Error::QueueFull(what)) => self.pump_until(deadline, start, what)?,
+                other => return other,
+            }
+        }
+    }
+
+    /// One blocking round of progress, or a timeout error past `deadline`.
+    fn pump_until(
+        &mut self,
+        deadline: Option<Instant>,
+        start: Instant,
+        what: &'static str,
+    ) -> Result<()> {
+        match remaining(deadline) {
+            Some(left) if left.is_zero() => Err(Error::Timeout {
+                waited: start.elapsed(),
+                what,
+            }),
+            left => self.pump(left.unwrap_or(PUMP_SLICE).min(PUMP_SLICE)),
+        }
+    }
+
+    /// Sends one control message once the peer's window allows it.
+    fn send_message(&mut self, kind: Kind, aux: u32, body: &[u8]) -> Result<()> {
+        let deadline = self.deadline();
+        let bytes = self.encode(kind, aux, body);
+        self.retry(deadline, |c| {
+            if !c.window.allows(kind.cost()) {
+                return Err(Error::QueueFull("the peer's control window"));
+            }
+            if kind == Kind::Control && body.len() > c.window.peer_max_len {
+                return Err(Error::InvalidArgument(format!(
+                    "control message of {} bytes exceeds the peer's limit of {}",
+                    body.len(),
+                    c.window.peer_max_len
+                )));
+            }
+            c.post_message(kind, &bytes)
+        })
+    }
+
+    fn encode(&self, kind: Kind, aux: u32, body: &[u8]) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(HEADER + body.len());
+        bytes.push(kind as u8);
+        bytes.extend_from_slice(&[0; 3]);
+        bytes.extend_from_slice(&aux.to_le_bytes());
+        bytes.extend_from_slice(&[0; 8]); // acknowledgement, set when posted
+        bytes.extend_from_slice(body);
+        bytes
+    }
+
+    /// Posts an encoded message now (or reports a full queue), stamping the
+    /// current acknowledgement into it.
+    fn post_message(&mut self, kind: Kind, bytes: &[u8]) -> Result<()> {
+        let mut bytes = bytes.to_vec();
+        bytes[8..HEADER].copy_from_slice(&self.window.consumed.to_le_bytes());
+        self.conn.send(&bytes, 0)?;
+        self.window.acked_to_peer = self.window.consumed;
+        if kind.cost() != Cost::Block {
+            self.window.sent += 1;
+        }
+        Ok(())
+    }
+
+    /// Waits up to `slice` for completions and turns them into events;
+    /// then sends whatever became sendable (notifies, acknowledgements).
+    fn pump(&mut self, slice: Duration) -> Result<()> {
+        self.flush_notifies()?;
+        self.maybe_ack()?;
+        let mut batch = std::mem::take(&mut self.scratch);
+        let waited = if slice.is_zero() {
+            self.conn.poll(&mut batch)
+        } else {
+            self.conn.wait(Some(slice), &mut batch)
+        };
+        let absorbed = batch.drain(..).try_for_each(|c| self.absorb(c));
+        self.scratch = batch;
+        waited?;
+        absorbed?;
+        self.flush_notifies()?;
+        self.maybe_ack()
+    }
+
+    fn absorb(&mut self, completion: Completion) -> Result<()> {
+        match completion {
+            Completion::Received { data, .. } => self.on_message(&data),
+            Completion::RemoteWrite { imm, len } => {
+                let (slot, len) = self.decode_imm(imm, len);
+                self.on_arrival(slot, len)
+            }
+            Completion::Written { user } => self.on_written(user),
+            Completion::Sent { .. } => Ok(()),
+            Completion::Failed { error, .. } => Err(match self.conn.closed() {
+                Some(detail) => Error::Disconnected {
+                    detail: detail.to_owned(),
+                },
+                None => error,
+            }),
+        }
+    }
+
+    fn on_written(&mut self, user: u64) -> Result<()> {
+        let slot = user as u32;
+        if self.announce == Announce::MessageAfterDelivery {
+            self.notifies.push_back((slot, user >> 32));
+        }
+        self.events.push_back(Event::WriteComplete { slot });
+        Ok(())
+    }
+
+    fn on_message(&mut self, data: &[u8]) -> Result<()> {
+        if data.len() < HEADER {
+            return Err(Error::Protocol(format!(
+                "control message of {} bytes",
+                data.len()
+            )));
+        }
+        let kind = Kind::from_byte(data[0])
+            .ok_or_else(|| Error::Protocol(format!("message kind {}", data[0])))?;
+        let aux = u32::from_le_bytes(data[4..8].try_into().expect("4-byte range"));
+        let ack = u64::from_le_bytes(data[8..HEADER].try_into().expect("8-byte range"));
+        if ack > self.window.sent {
+            return Err(Error::Protocol(format!(
+                "peer acknowledged {ack} of {} messages",
+                self.window.sent
+            )));
+        }
+        self.window.acked_by_peer = self.window.acked_by_peer.max(ack);
+        if kind.cost() != Cost::Block {
+            self.window.consumed += 1;
+        }
+        self.dispatch(kind, aux, &data[HEADER..])
+    }
+
+    fn dispatch(&mut self, kind: Kind, aux: u32, body: &[u8]) -> Result<()> {
+        match kind {
+            Kind::Hello => {
+                self.window.peer = Some(u64::from(aux));
+                self.window.peer_max_len = read_u64(body, 0)? as usize;
+            }
+            Kind::Ack => {}
+            Kind::Grant => {
+                let remote = RemoteSlot {
+                    addr: read_u64(body, 0)?,
+                    key: read_u64(body, 8)?,
+                    len: read_u64(body, 16)?,
+                };
+                self.events
+                    .push_back(Event::Credit(Credit { slot: aux, remote }));
+            }
+            Kind::Control => self.events.push_back(Event::Control(body.to_vec())),
+            Kind::Notify => return self.on_arrival(aux, read_u64(body, 0)?),
+        }
+        Ok(())
+    }
+
+    /// A block landed in our slot: it must be one we granted.
+    fn on_arrival(&mut self, slot: u32, len: u64) -> Result<()> {
+        let pool = self
+            .pool
+            .as_mut()
+            .ok_or_else(|| Error::Protocol("block arrived without a pool".into()))?;
+        match pool.granted.get_mut(slot as usize) {
+            Some(g @ true) if len <= pool.slot_size as u64 => *g = false,
+            _ => {
+                return Err(Error::Protocol(format!(
+                    "write of {len} bytes into slot {slot}, which was not granted"
+                )))
+            }
+        }
+        self.grants_out -= 1;
+        self.events.push_back(Event::BlockArrived {
+            slot,
+            len: len as usize,
+        });
+        Ok(())
+    }
+
+    /// Sends pending block notifications as far as send buffers allow.
+    fn flush_notifies(&mut self) -> Result<()> {
+        while let Some(&(slot, len)) = self.notifies.front() {
+            let bytes = self.encode(Kind::Notify, slot, &len.to_le_bytes());
+            match self.post_message(Kind::Notify, &bytes) {
+                Ok(()) => {
+                    self.notifies.pop_front();
+                }
+                Err(Error::QueueFull(_)) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Acknowledges the peer's messages on their own once enough are owed.
+    fn maybe_ack(&mut self) -> Result<()> {
+        let threshold = (self.cfg.window() / 2).max(2);
+        if self.window.owed() < threshold || !self.window.allows(Cost::Reserved) {
+            return Ok(());
+        }
+        let bytes = self.encode(Kind::Ack, 0, &[]);
+        match self.post_message(Kind::Ack, &bytes) {
+            Err(Error::QueueFull(_)) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+fn remaining(deadline: Option<Instant>) -> Option<Duration> {
+    deadline.map(|d| d.saturating_duration_since(Instant::now()))
+}
+
+fn read_u64(body: &[u8], at: usize) -> Result<u64> {
+    body.get(at..at + 8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8-byte range")))
+        .ok_or_else(|| {
+            Error::Protocol(format!("message body of {} bytes is too short", body.len()))
+        })
+}
