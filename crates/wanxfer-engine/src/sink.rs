@@ -580,11 +580,13 @@ impl Sink {
             if !(state.coverage.is_complete(slot.size) && digest_known) {
                 return Ok(None);
             }
-            let computed = if state.verified {
-                state.digest
-            } else {
-                debug_assert_eq!(state.running.upto, slot.size);
-                Some(state.running.hasher.digest128().to_le_bytes())
+            let computed = match (self.verify_digest, state.verified) {
+                (false, _) => None,
+                (true, true) => state.digest,
+                (true, false) => {
+                    debug_assert_eq!(state.running.upto, slot.size);
+                    Some(state.running.hasher.digest128().to_le_bytes())
+                }
             };
             (state.temp.take(), computed)
         };
@@ -796,6 +798,29 @@ mod tests {
         );
         assert_eq!(std::os::unix::fs::MetadataExt::mtime(&meta), 1_000_000);
         assert_eq!(std::os::unix::fs::MetadataExt::mtime_nsec(&meta), 5);
+    }
+
+    /// Guards the memory-to-memory path: a discarding sink has no digest to check and must
+    /// complete a many-block stream on coverage alone (a debug assertion fired here once).
+    #[test]
+    fn discarding_completes_on_coverage_alone() {
+        let sink = Sink::new(None, "test peer".into(), 9, true, SinkLimits::default());
+        let data = vec![0u8; 20_000];
+        assert!(sink
+            .apply_entry(0, &entry("synthetic", data.len() as u64))
+            .unwrap()
+            .is_none());
+        let out = feed(&sink, &data, 4096, &[1, 0, 4, 2, 3], [0; 16]);
+        assert!(
+            matches!(
+                out.as_slice(),
+                [Resolution::Done {
+                    id: 0,
+                    bytes: 20_000
+                }]
+            ),
+            "{out:?}"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! an explicit credit round trip would only add latency on a long path. Credits
 //! ([`wanxfer_proto::Credit`]) exist for transports without that property (RDMA).
 
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::Ordering;
 
@@ -101,7 +101,15 @@ impl TcpChannel {
     fn read_full(&mut self, buf: &mut [u8], clean_end_ok: bool) -> Result<bool, Error> {
         let mut got = 0;
         while got < buf.len() {
-            match self.stream.read(&mut buf[got..]) {
+            // MSG_WAITALL: one wakeup per block instead of one per arriving segment burst.
+            let read = rustix::net::recv(
+                &self.stream,
+                &mut buf[got..],
+                rustix::net::RecvFlags::WAITALL,
+            )
+            .map(|(n, _)| n)
+            .map_err(io::Error::from);
+            match read {
                 Ok(0) if got == 0 && clean_end_ok => return Ok(false),
                 Ok(0) => {
                     return Err(self.net(

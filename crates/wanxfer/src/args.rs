@@ -43,6 +43,9 @@ pub enum Command {
     /// Copy files and trees to or from a server (like `cp -r`).
     #[command(after_help = EXIT_CODES)]
     Cp(CpArgs),
+    /// Measure memory-to-memory throughput and CPU over block size × depth × streams.
+    #[command(after_help = EXIT_CODES)]
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -325,6 +328,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         return Err(format!("{s:?} is out of range"));
     }
     Ok(bytes as u64)
+}
+
+/// A comma-separated list of block sizes.
+pub fn parse_size_list(s: &str) -> Result<u64, String> {
+    let bytes = parse_block_size(s)?;
+    Ok(u64::from(bytes))
 }
 
 fn parse_block_size(s: &str) -> Result<u32, String> {

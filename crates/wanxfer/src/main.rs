@@ -2,6 +2,7 @@
 //! failures to exit codes. Transfer logic lives in `wanxfer-engine`.
 
 mod args;
+mod bench;
 mod output;
 mod secret;
 
@@ -47,6 +48,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve(args),
         Command::Cp(args) => cp(args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::from(exit::OK),
@@ -60,7 +62,7 @@ fn main() -> ExitCode {
 fn init_logging(cli: &Cli) {
     let default = match &cli.command {
         Command::Serve(_) => "info",
-        Command::Cp(_) => "warn",
+        Command::Cp(_) | Command::Bench(_) => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));

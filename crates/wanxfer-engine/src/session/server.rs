@@ -337,20 +337,32 @@ impl Connection {
             progress.clone(),
             meter.clone(),
         );
-        let outcome = match role {
-            Role::Send(source) => run_sender(&mut core, &source),
-            Role::Receive(sink) => run_receiver(&mut core, sink),
+        let started = std::time::Instant::now();
+        let (verb, outcome) = match role {
+            Role::Send(source) => ("sent", run_sender(&mut core, &source)),
+            Role::Receive(sink) => ("received", run_receiver(&mut core, sink)),
         };
         let result = outcome.and_then(|outcome| {
             await_finish(&mut core)?;
             meter.add_this_thread();
             let cpu = meter.total();
-            core.control.send(&Message::Stats(Stats {
+            let stats = Stats {
                 cpu_user_us: cpu.user_us,
                 cpu_sys_us: cpu.sys_us,
                 bytes: progress.bytes.load(Ordering::Relaxed),
                 files: outcome.files_ok,
-            }))
+            };
+            let secs = started.elapsed().as_secs_f64().max(1e-9);
+            tracing::info!(
+                "session with {}: {verb} {} bytes in {} files ({} failed) in {secs:.2} s, {:.2} Gbit/s, CPU {:.2} s",
+                self.peer,
+                stats.bytes,
+                stats.files,
+                outcome.failures.len(),
+                stats.bytes as f64 * 8.0 / secs / 1e9,
+                (cpu.user_us + cpu.sys_us) as f64 / 1e6,
+            );
+            core.control.send(&Message::Stats(stats))
         });
         let _ = stream.shutdown(std::net::Shutdown::Both);
         let _ = reader.join();

@@ -1,0 +1,306 @@
+//! `wanxfer bench`: memory-to-memory sweeps of block size × depth × streams, reported
+//! like kissel2013's Table 1 (Gbit/s, sender and receiver CPU) and plotted against bytes
+//! in flight like its Figures 2-3.
+//!
+//! Without `--server` it starts `wanxfer serve` as a child process on loopback, so the
+//! client's CPU figures are its own and the server's come from the server's per-session
+//! accounting. It does not compare with other tools: `bench/` does that.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use plotters::prelude::*;
+use serde::Serialize;
+use wanxfer_engine::progress::Progress;
+use wanxfer_engine::session::{run_client, ClientConfig, ClientJob, Tuning};
+use wanxfer_engine::source::Source;
+use wanxfer_engine::Error;
+use wanxfer_proto::RelPath;
+
+use crate::args::{parse_size, parse_size_list};
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Use this server (HOST:PORT) instead of starting one on loopback.
+    #[arg(long)]
+    pub server: Option<String>,
+    /// Bytes moved per measurement.
+    #[arg(long, default_value = "4GiB", value_parser = parse_size)]
+    pub bytes: u64,
+    /// Block sizes to sweep (comma-separated).
+    #[arg(long, default_value = "256KiB,1MiB,4MiB", value_parser = parse_size_list, value_delimiter = ',')]
+    pub block_sizes: Vec<u64>,
+    /// Depths to sweep (comma-separated).
+    #[arg(long, default_value = "1,4,16", value_delimiter = ',')]
+    pub depths: Vec<u16>,
+    /// Stream counts to sweep (comma-separated).
+    #[arg(long, default_value = "1,2", value_delimiter = ',')]
+    pub streams: Vec<u16>,
+    /// Measure without the per-block checksum too.
+    #[arg(long)]
+    pub no_block_checksum: bool,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write a plot (Gbit/s against bytes in flight) as SVG to this file.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Shared secret file (else WANXFER_SECRET; a local server gets a random one).
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize, Clone)]
+pub struct Point {
+    pub streams: u16,
+    pub block_size: u32,
+    pub depth: u16,
+    pub bytes_in_flight: u64,
+    pub gbit_per_s: f64,
+    pub seconds: f64,
+    pub sender_cpu_percent: f64,
+    pub receiver_cpu_percent: f64,
+    pub sender_cpu_s_per_gb: f64,
+    pub receiver_cpu_s_per_gb: f64,
+}
+
+/// A `wanxfer serve` child on loopback, killed on drop.
+struct LocalServer {
+    child: Child,
+    addr: String,
+    _root: tempfile::TempDir,
+}
+
+impl LocalServer {
+    fn start(secret: &[u8]) -> Result<LocalServer, Error> {
+        let root =
+            tempfile::tempdir().map_err(|e| Error::local("create", "a temporary root", e))?;
+        let exe =
+            std::env::current_exe().map_err(|e| Error::local("find", "the wanxfer binary", e))?;
+        let mut child = Command::new(exe)
+            .args(["serve", "--listen", "127.0.0.1:0", "--root"])
+            .arg(root.path())
+            .env(
+                "WANXFER_SECRET",
+                <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(secret),
+            )
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| Error::local("start", "wanxfer serve", e))?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .map_err(|e| Error::local("read", "wanxfer serve output", e))?;
+        let addr = line
+            .trim()
+            .rsplit(" on ")
+            .next()
+            .filter(|a| a.contains(':'))
+            .ok_or_else(|| Error::Usage(format!("the local server did not start: {line:?}")))?
+            .to_string();
+        Ok(LocalServer {
+            child,
+            addr,
+            _root: root,
+        })
+    }
+}
+
+impl Drop for LocalServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn run(args: &BenchArgs) -> Result<(), Error> {
+    let (secret, local) = match &args.server {
+        Some(_) => (
+            crate::secret::for_client(args.secret_file.as_deref())?,
+            None,
+        ),
+        None => {
+            let mut raw = [0u8; 16];
+            getrandom::fill(&mut raw).map_err(|e| {
+                Error::local(
+                    "read",
+                    "the system random source",
+                    std::io::Error::other(e.to_string()),
+                )
+            })?;
+            let secret: Vec<u8> = raw
+                .iter()
+                .flat_map(|b| format!("{b:02x}").into_bytes())
+                .collect();
+            let server = LocalServer::start(&secret)?;
+            (secret, Some(server))
+        }
+    };
+    let addr = match (&args.server, &local) {
+        (Some(a), _) => a.clone(),
+        (None, Some(l)) => l.addr.clone(),
+        (None, None) => unreachable!("a local server is started when none is given"),
+    };
+    let checksums: &[bool] = if args.no_block_checksum {
+        &[true, false]
+    } else {
+        &[true]
+    };
+    let mut points = Vec::new();
+    println!(
+        "{:>7} {:>10} {:>5} {:>5} {:>10} {:>9} {:>9} {:>11} {:>11}",
+        "streams",
+        "block",
+        "depth",
+        "crc",
+        "Gbit/s",
+        "send CPU%",
+        "recv CPU%",
+        "send s/GB",
+        "recv s/GB"
+    );
+    for &crc in checksums {
+        for &streams in &args.streams {
+            for &block in &args.block_sizes {
+                for &depth in &args.depths {
+                    let p = measure(
+                        &addr,
+                        &secret,
+                        args.bytes,
+                        streams,
+                        block as u32,
+                        depth,
+                        crc,
+                    )?;
+                    println!(
+                        "{:>7} {:>10} {:>5} {:>5} {:>10.2} {:>9.0} {:>9.0} {:>11.3} {:>11.3}",
+                        p.streams,
+                        block,
+                        p.depth,
+                        if crc { "on" } else { "off" },
+                        p.gbit_per_s,
+                        p.sender_cpu_percent,
+                        p.receiver_cpu_percent,
+                        p.sender_cpu_s_per_gb,
+                        p.receiver_cpu_s_per_gb
+                    );
+                    points.push(p);
+                }
+            }
+        }
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&points).expect("plain data serializes");
+        std::fs::write(path, text).map_err(|e| Error::local("write", path.display(), e))?;
+    }
+    if let Some(path) = &args.svg {
+        plot(&points, path)
+            .map_err(|e| Error::local("write plot", path.display(), std::io::Error::other(e)))?;
+    }
+    Ok(())
+}
+
+fn measure(
+    addr: &str,
+    secret: &[u8],
+    bytes: u64,
+    streams: u16,
+    block_size: u32,
+    depth: u16,
+    block_crc: bool,
+) -> Result<Point, Error> {
+    let cfg = ClientConfig {
+        server: addr.to_string(),
+        secret: secret.to_vec(),
+        tuning: Tuning {
+            streams,
+            block_size,
+            depth,
+            block_crc,
+            ..Tuning::default()
+        },
+        connect_timeout: Duration::from_secs(10),
+    };
+    let job = ClientJob::Push {
+        source: Source::Synthetic { bytes },
+        dest: RelPath::new(b"dev/null").expect("valid path"),
+    };
+    let r = run_client(&cfg, job, Arc::new(Progress::default()))?;
+    let secs = r.seconds.max(1e-9);
+    let gb = r.bytes as f64 / 1e9;
+    let send = (r.cpu.user_us + r.cpu.sys_us) as f64 / 1e6;
+    let recv = (r.peer_cpu.user_us + r.peer_cpu.sys_us) as f64 / 1e6;
+    Ok(Point {
+        streams: r.streams,
+        block_size: r.block_size,
+        depth: r.depth,
+        bytes_in_flight: u64::from(r.block_size) * u64::from(r.depth) * u64::from(r.streams),
+        gbit_per_s: r.bytes as f64 * 8.0 / secs / 1e9,
+        seconds: r.seconds,
+        sender_cpu_percent: send / secs * 100.0,
+        receiver_cpu_percent: recv / secs * 100.0,
+        sender_cpu_s_per_gb: send / gb,
+        receiver_cpu_s_per_gb: recv / gb,
+    })
+}
+
+/// Gbit/s against bytes in flight (log scale), one line per stream count.
+fn plot(points: &[Point], path: &std::path::Path) -> Result<(), String> {
+    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let x_max = points.iter().map(|p| p.bytes_in_flight).max().unwrap_or(1) as f64 * 2.0;
+    let x_min = points.iter().map(|p| p.bytes_in_flight).min().unwrap_or(1) as f64 / 2.0;
+    let y_max = points.iter().map(|p| p.gbit_per_s).fold(1.0, f64::max) * 1.1;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("wanxfer memory-to-memory", ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d((x_min..x_max).log_scale(), 0.0..y_max)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc("bytes in flight (block size × depth × streams)")
+        .y_desc("Gbit/s")
+        .x_label_formatter(&|v| format!("{:.0} KiB", v / 1024.0))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    let mut streams: Vec<u16> = points.iter().map(|p| p.streams).collect();
+    streams.sort_unstable();
+    streams.dedup();
+    for (i, s) in streams.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let mut series: Vec<(f64, f64)> = points
+            .iter()
+            .filter(|p| p.streams == *s)
+            .map(|p| (p.bytes_in_flight as f64, p.gbit_per_s))
+            .collect();
+        series.sort_by(|a, b| a.0.total_cmp(&b.0));
+        chart
+            .draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(format!("{s} stream(s)"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(
+                series
+                    .iter()
+                    .map(|&(x, y)| Circle::new((x, y), 3, color.filled())),
+            )
+            .map_err(|e| e.to_string())?;
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}
