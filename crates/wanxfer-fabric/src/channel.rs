@@ -58,6 +58,7 @@ enum Kind {
     Grant = 3,
     Control = 4,
     Notify = 5,
+    Bye = 6,
 }
 
 impl Kind {
@@ -68,6 +69,7 @@ impl Kind {
             Kind::Grant,
             Kind::Control,
             Kind::Notify,
+            Kind::Bye,
         ]
         .into_iter()
         .find(|k| *k as u8 == b)
@@ -77,7 +79,7 @@ impl Kind {
     fn cost(self) -> Cost {
         match self {
             Kind::Hello => Cost::Opening,
-            Kind::Ack => Cost::Reserved,
+            Kind::Ack | Kind::Bye => Cost::Reserved,
             Kind::Grant | Kind::Control => Cost::Regular,
             Kind::Notify => Cost::Block,
         }
@@ -259,6 +261,8 @@ pub struct Channel {
     events: VecDeque<Event>,
     notifies: VecDeque<(u32, u64)>,
     scratch: Vec<Completion>,
+    bye_sent: bool,
+    bye_received: bool,
 }
 
 impl Channel {
@@ -299,6 +303,8 @@ impl Channel {
             events: VecDeque::new(),
             notifies: VecDeque::new(),
             scratch: Vec::new(),
+            bye_sent: false,
+            bye_received: false,
         };
         let hello = (cfg.ctrl_max_len as u64).to_le_bytes();
         let window = cfg.window() as u32;
@@ -494,6 +500,59 @@ impl Channel {
         (len << 32) | u64::from(slot)
     }
 
+    /// Ends the channel gracefully, so that neither side tears down the
+    /// connection while data is still on its way to the other: providers
+    /// may report a send complete while its bytes still sit in a local
+    /// buffer (tcp does), and closing an endpoint discards those.
+    ///
+    /// Both sides must call it. Our writes and their announcements finish
+    /// first. Then the dialling side says goodbye and waits for the
+    /// accepting side's goodbye, which is sent only once the dialler's was
+    /// read — so everything in both directions has been delivered when the
+    /// dialler closes. The accepting side then waits for that close.
+    /// Events that arrive meanwhile are returned, not dropped.
+    pub fn close(mut self, timeout: Option<Duration>) -> Result<Vec<Event>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let start = Instant::now();
+        while self.conn.writes_in_flight() > 0 || !self.notifies.is_empty() {
+            self.pump_until(deadline, start, "our writes to complete")?;
+        }
+        if self.conn.is_acceptor() {
+            self.await_bye(deadline, start)?;
+            self.say_bye()?;
+            self.await_peer_close(deadline, start)?;
+        } else {
+            self.say_bye()?;
+            self.await_bye(deadline, start)?;
+        }
+        Ok(self.events.drain(..).collect())
+    }
+
+    fn say_bye(&mut self) -> Result<()> {
+        self.send_message(Kind::Bye, 0, &[])?;
+        self.bye_sent = true;
+        Ok(())
+    }
+
+    fn await_bye(&mut self, deadline: Option<Instant>, start: Instant) -> Result<()> {
+        while !self.bye_received {
+            self.pump_until(deadline, start, "the peer's goodbye")?;
+        }
+        Ok(())
+    }
+
+    /// Keeps the connection progressing (so our goodbye gets out) until
+    /// the peer, having read it, closes.
+    fn await_peer_close(&mut self, deadline: Option<Instant>, start: Instant) -> Result<()> {
+        loop {
+            match self.pump_until(deadline, start, "the peer to close") {
+                Ok(()) => {}
+                Err(Error::Disconnected { .. } | Error::Completion { .. }) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Sends a control message to the peer; blocks while its window is full.
     pub fn send_control(&mut self, msg: &[u8]) -> Result<()> {
         let limit = self.cfg.ctrl_max_len;
@@ -572,6 +631,9 @@ impl Channel {
 
     /// Sends one control message once the peer's window allows it.
     fn send_message(&mut self, kind: Kind, aux: u32, body: &[u8]) -> Result<()> {
+        if self.bye_sent {
+            return Err(Error::InvalidArgument("the channel is closing".into()));
+        }
         let deadline = self.deadline();
         let bytes = self.encode(kind, aux, body);
         self.retry(deadline, |c| {
@@ -689,6 +751,7 @@ impl Channel {
                 self.window.peer_max_len = read_u64(body, 0)? as usize;
             }
             Kind::Ack => {}
+            Kind::Bye => self.bye_received = true,
             Kind::Grant => {
                 let remote = RemoteSlot {
                     addr: read_u64(body, 0)?,
@@ -744,7 +807,7 @@ impl Channel {
     /// Acknowledges the peer's messages on their own once enough are owed.
     fn maybe_ack(&mut self) -> Result<()> {
         let threshold = (self.cfg.window() / 2).max(2);
-        if self.window.owed() < threshold || !self.window.allows(Cost::Reserved) {
+        if self.bye_sent || self.window.owed() < threshold || !self.window.allows(Cost::Reserved) {
             return Ok(());
         }
         let bytes = self.encode(Kind::Ack, 0, &[]);

@@ -40,6 +40,9 @@ use crate::mr::{self, Access, MemoryRegion, MrCore, RegCache, RegistrationCount,
 /// regularly and deadlines are honoured.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 
+/// How an accepted connection names its (unknown) peer.
+const ACCEPTED_PEER: &str = "the accepted peer";
+
 /// Completions read per `fi_cq_read`.
 const CQ_BATCH: usize = 16;
 
@@ -522,6 +525,20 @@ impl Connection {
     /// connections mean nothing to this peer).
     pub fn owns(&self, region: &MemoryRegion) -> bool {
         region.0.belongs_to(&self.dom)
+    }
+
+    /// Whether this end accepted the connection (rather than dialled it).
+    pub fn is_acceptor(&self) -> bool {
+        self.peer == ACCEPTED_PEER
+    }
+
+    /// Sends posted and not yet completed.
+    pub fn sends_in_flight(&self) -> usize {
+        self.ops
+            .iter()
+            .flatten()
+            .filter(|op| op.kind == OpKind::Send)
+            .count()
     }
 
     /// RDMA writes posted and not yet completed.
@@ -1153,14 +1170,15 @@ impl Listener {
                 _ => continue,
             }
         };
-        let mut conn = match Connection::open(Arc::clone(&self.fabric), &info, cc, "peer".into()) {
-            Ok(conn) => conn,
-            Err(e) => {
-                // SAFETY: the pep is open and handle is the request's.
-                unsafe { sys::fi_reject(self.pep, (*info.as_ptr()).handle, ptr::null(), 0) };
-                return Err(e);
-            }
-        };
+        let mut conn =
+            match Connection::open(Arc::clone(&self.fabric), &info, cc, ACCEPTED_PEER.into()) {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // SAFETY: the pep is open and handle is the request's.
+                    unsafe { sys::fi_reject(self.pep, (*info.as_ptr()).handle, ptr::null(), 0) };
+                    return Err(e);
+                }
+            };
         // SAFETY: the endpoint is enabled with receives posted.
         let ret = unsafe { sys::fi_accept(conn.ep, ptr::null(), 0) };
         check_int(ret, "fi_accept").map_err(|e| conn.connect_failed(e.to_string()))?;
