@@ -58,6 +58,9 @@ pub struct BlockBuf {
     pub segments: Vec<Segment>,
     /// Receiver side: the payload failed its checksum; its files must not be written.
     pub damaged: bool,
+    /// Sender side, zero-copy: the payload is `len` bytes of this file at this offset, to
+    /// be sent from the page cache; the buffer may hold a copy read only for checksums.
+    pub file_range: Option<(std::sync::Arc<std::fs::File>, u64)>,
 }
 
 impl BlockBuf {
@@ -104,6 +107,7 @@ impl Drop for Block {
             buf.len = 0;
             buf.segments.clear();
             buf.damaged = false;
+            buf.file_range = None;
             // The pool outlives every loan unless the session is being torn down, in
             // which case the buffer is simply freed.
             let _ = self.home.send(buf);
@@ -130,6 +134,7 @@ impl Pool {
                 header: Vec::with_capacity(wanxfer_proto::BlockHeader::encoded_len(64)),
                 segments: Vec::new(),
                 damaged: false,
+                file_range: None,
             });
             // The channel holds exactly `count` buffers.
             home.send(buf).expect("pool channel has room");

@@ -454,6 +454,27 @@ pub struct ReaderConfig {
     pub session_tag: u64,
     pub block_crc: bool,
     pub file_digest: bool,
+    pub io: IoMode,
+}
+
+/// How the sending side moves file bytes into the socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoMode {
+    /// `pread` into a pool buffer, then a vectored `write`: two copies, works everywhere.
+    Copy,
+    /// Blocks of large files go from the page cache with `sendfile`: the socket copy is
+    /// saved, and with checksums off the read too. Small packed files are still copied
+    /// (one `sendfile` per tiny file would cost more than the copy).
+    Sendfile,
+}
+
+impl IoMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            IoMode::Copy => "copy",
+            IoMode::Sendfile => "sendfile",
+        }
+    }
 }
 
 /// A file the reader could not send; the session tells the receiver to drop it.
@@ -516,22 +537,30 @@ impl Reader {
 
     fn send_chunked(&self, job: FileJob) -> Result<(), Error> {
         let file = match self.dir.borrow_mut().open(&job) {
-            Ok(f) => f,
+            Ok(f) => f.map(Arc::new),
             Err(e) => {
                 self.fail(job.id, e);
                 return Ok(());
             }
         };
+        let zero_copy = self.cfg.io == IoMode::Sendfile && file.is_some();
+        // With nothing to checksum, a zero-copy block never passes through user space.
+        let must_read = !zero_copy || self.cfg.block_crc || self.cfg.file_digest;
         let mut hasher = Xxh3::new();
         let mut offset = 0u64;
         while offset < job.size {
             let mut block = self.pool.take(&self.cancel)?;
             let len = (job.size - offset).min(block.capacity() as u64) as usize;
-            if let Err(e) = fill(&file, &job, offset, &mut block.space()[..len]) {
-                self.fail(job.id, e);
-                return Ok(());
+            if must_read {
+                if let Err(e) = fill(file.as_deref(), &job, offset, &mut block.space()[..len]) {
+                    self.fail(job.id, e);
+                    return Ok(());
+                }
             }
             block.len = len;
+            if zero_copy {
+                block.file_range = file.clone().map(|f| (f, offset));
+            }
             let last = offset + len as u64 == job.size;
             let mut seg = Segment {
                 file_id: job.id,
@@ -562,11 +591,10 @@ impl Reader {
         let mut pos = 0usize;
         for job in jobs {
             let size = job.size as usize;
-            let read = self
-                .dir
-                .borrow_mut()
-                .open(&job)
-                .and_then(|file| fill(&file, &job, 0, &mut block.space()[pos..pos + size]));
+            let read =
+                self.dir.borrow_mut().open(&job).and_then(|file| {
+                    fill(file.as_ref(), &job, 0, &mut block.space()[pos..pos + size])
+                });
             if let Err(e) = read {
                 self.fail(job.id, e);
                 continue;
@@ -668,7 +696,7 @@ impl ReaderDir {
 /// Reads exactly `buf.len()` bytes at `offset`; a file that shrank since it was listed
 /// is an error naming it (sending fewer bytes than announced would fail verification
 /// later with a less useful message).
-fn fill(file: &Option<File>, job: &FileJob, offset: u64, buf: &mut [u8]) -> Result<(), Error> {
+fn fill(file: Option<&File>, job: &FileJob, offset: u64, buf: &mut [u8]) -> Result<(), Error> {
     let Some(file) = file else {
         return Ok(());
     };

@@ -5,9 +5,9 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use wanxfer_engine::session::{ClientConfig, ClientJob, PullDest, ServerLimits, Tuning};
-use wanxfer_engine::source::Source;
+use wanxfer_engine::source::{IoMode, Source};
 use wanxfer_engine::Error;
 use wanxfer_proto::RelPath;
 
@@ -78,6 +78,9 @@ pub struct ServeArgs {
     /// Disk writer threads per receiving session.
     #[arg(long, default_value_t = 2)]
     pub writers: usize,
+    /// How pulls send file bytes.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub io: IoArg,
 }
 
 impl ServeArgs {
@@ -89,6 +92,7 @@ impl ServeArgs {
             max_pool_bytes: usize::try_from(self.max_session_memory).unwrap_or(usize::MAX),
             readers: self.readers.max(1),
             writers: self.writers.max(1),
+            io: self.io.mode(),
             ..ServerLimits::default()
         }
     }
@@ -138,6 +142,30 @@ pub struct CpArgs {
     /// Seconds to wait for a connection.
     #[arg(long, default_value_t = 10)]
     pub connect_timeout: u64,
+    /// How file bytes are sent when pushing.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub io: IoArg,
+}
+
+/// How file bytes are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IoArg {
+    /// The measured best for this machine: sendfile for large files.
+    Auto,
+    /// pread into a buffer and write: two copies.
+    Copy,
+    /// Large files straight from the page cache (falls back to copying where a file
+    /// system cannot).
+    Sendfile,
+}
+
+impl IoArg {
+    pub fn mode(self) -> IoMode {
+        match self {
+            IoArg::Auto | IoArg::Sendfile => IoMode::Sendfile,
+            IoArg::Copy => IoMode::Copy,
+        }
+    }
 }
 
 /// A validated client request.
@@ -167,6 +195,7 @@ impl CpArgs {
             writers: self.writers.max(1),
             block_crc: !self.no_block_checksum,
             file_digest: !self.no_file_digest,
+            io: self.io.mode(),
             ..Tuning::default()
         }
     }

@@ -63,6 +63,8 @@ pub struct Report {
     pub block_size: u32,
     pub depth: u16,
     pub transport: &'static str,
+    /// How this side sent file bytes (meaningful when it sent).
+    pub io: &'static str,
     pub skipped: Vec<String>,
 }
 
@@ -128,6 +130,7 @@ pub fn run_client(
         block_size: params.block_size,
         depth: params.depth,
         transport: "tcp",
+        io: params.io.name(),
         skipped: outcome.skipped,
     };
     match outcome.failures.into_iter().next() {
@@ -248,6 +251,7 @@ fn agreed_params(a: &SessionAccepted, tuning: &Tuning) -> Params {
         block_crc: a.flags & session_flags::NO_BLOCK_CHECKSUM == 0,
         file_digest: a.flags & session_flags::NO_FILE_DIGEST == 0,
         discard: a.flags & session_flags::DISCARD != 0,
+        io: tuning.io,
     }
 }
 

@@ -206,6 +206,7 @@ fn sender_loop(core: &mut Core, source: &Source) -> Result<Outcome, Error> {
         session_tag: params.session_tag,
         block_crc: params.block_crc,
         file_digest: params.file_digest && !params.discard,
+        io: params.io,
     };
     for i in 0..params.readers {
         let (plans, blocks, fails, pool, cfg, shared, cancel) = (

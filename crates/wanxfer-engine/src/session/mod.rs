@@ -15,6 +15,8 @@ pub mod server;
 pub use client::{run_client, ClientConfig, ClientJob, PullDest, Report};
 pub use server::{Server, ServerLimits};
 
+use crate::source::IoMode;
+
 /// What a user may tune; the server clamps every value to its own limits.
 #[derive(Debug, Clone)]
 pub struct Tuning {
@@ -32,6 +34,8 @@ pub struct Tuning {
     pub window: u32,
     pub block_crc: bool,
     pub file_digest: bool,
+    /// How this side sends file bytes (local, never negotiated).
+    pub io: IoMode,
 }
 
 impl Default for Tuning {
@@ -45,6 +49,7 @@ impl Default for Tuning {
             window: 65_536,
             block_crc: true,
             file_digest: true,
+            io: IoMode::Sendfile,
         }
     }
 }
@@ -63,6 +68,7 @@ pub struct Params {
     pub file_digest: bool,
     /// The receiver throws data away: the sender need not compute file digests.
     pub discard: bool,
+    pub io: IoMode,
 }
 
 impl Params {

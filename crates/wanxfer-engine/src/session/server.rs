@@ -48,6 +48,8 @@ pub struct ServerLimits {
     pub handshake_timeout: Duration,
     /// Bytes one session's block pool may use.
     pub max_pool_bytes: usize,
+    /// How pulls send file bytes.
+    pub io: crate::source::IoMode,
 }
 
 impl Default for ServerLimits {
@@ -64,6 +66,7 @@ impl Default for ServerLimits {
             max_open_files: 512,
             handshake_timeout: Duration::from_secs(30),
             max_pool_bytes: 512 << 20,
+            io: crate::source::IoMode::Sendfile,
         }
     }
 }
@@ -387,6 +390,7 @@ impl Connection {
             block_crc: req.flags & session_flags::NO_BLOCK_CHECKSUM == 0,
             file_digest: req.flags & session_flags::NO_FILE_DIGEST == 0,
             discard: req.flags & session_flags::DISCARD != 0,
+            io: l.io,
         };
         while params.depth > 1 && params.pool_blocks() * block_size as usize > l.max_pool_bytes {
             params.depth -= 1;
