@@ -127,18 +127,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
             None,
         ),
         None => {
-            let mut raw = [0u8; 16];
-            getrandom::fill(&mut raw).map_err(|e| {
-                Error::local(
-                    "read",
-                    "the system random source",
-                    std::io::Error::other(e.to_string()),
-                )
-            })?;
-            let secret: Vec<u8> = raw
-                .iter()
-                .flat_map(|b| format!("{b:02x}").into_bytes())
-                .collect();
+            let secret = crate::secret::generate()?.into_bytes();
             let server = LocalServer::start(&secret)?;
             (secret, Some(server))
         }

@@ -34,7 +34,9 @@ fn read_file(path: &Path) -> Result<Vec<u8>, Error> {
     Ok(secret)
 }
 
-fn create_file(path: &Path) -> Result<Vec<u8>, Error> {
+/// A fresh random secret: 32 bytes from the OS, as hex text (easy to paste and to put in
+/// an environment variable).
+pub fn generate() -> Result<String, Error> {
     let mut raw = [0u8; 32];
     getrandom::fill(&mut raw).map_err(|e| {
         Error::local(
@@ -43,7 +45,11 @@ fn create_file(path: &Path) -> Result<Vec<u8>, Error> {
             std::io::Error::other(e.to_string()),
         )
     })?;
-    let secret: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(raw.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn create_file(path: &Path) -> Result<Vec<u8>, Error> {
+    let secret = generate()?;
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)

@@ -13,7 +13,7 @@ use wanxfer_proto::{
 
 use super::control::{read_message, send_preamble, spawn_reader, tune_socket, Control};
 use super::driver::{run_receiver, run_sender, Core, Outcome};
-use super::{random, session_tag, Params, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
+use super::{random, Params, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
 use crate::fs::{Kind, Root};
 use crate::progress::{process_cpu, CpuMeter, CpuTime, Progress};
 use crate::sink::{Placement, Sink, SinkLimits};
@@ -93,7 +93,12 @@ pub fn run_client(
             ))
         }
     };
-    let params = agreed_params(&accepted, &cfg.tuning);
+    let params = Params::from_accepted(
+        &accepted,
+        cfg.tuning.readers,
+        cfg.tuning.writers,
+        cfg.tuning.io,
+    );
     let channels = (0..accepted.streams)
         .map(|i| open_channel(cfg, &auth, &accepted, i))
         .collect::<Result<Vec<_>, _>>()?;
@@ -236,22 +241,6 @@ fn open_request(job: &ClientJob, tuning: &Tuning) -> OpenSession {
         window: tuning.window,
         flags,
         synthetic_bytes,
-    }
-}
-
-fn agreed_params(a: &SessionAccepted, tuning: &Tuning) -> Params {
-    Params {
-        session_tag: session_tag(&a.session_id),
-        streams: a.streams,
-        block_size: a.block_size,
-        depth: a.depth,
-        window: a.window,
-        readers: tuning.readers.max(1),
-        writers: tuning.writers.max(1),
-        block_crc: a.flags & session_flags::NO_BLOCK_CHECKSUM == 0,
-        file_digest: a.flags & session_flags::NO_FILE_DIGEST == 0,
-        discard: a.flags & session_flags::DISCARD != 0,
-        io: tuning.io,
     }
 }
 

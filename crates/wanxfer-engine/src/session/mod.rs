@@ -72,6 +72,30 @@ pub struct Params {
 }
 
 impl Params {
+    /// The parameters both sides derive from the server's answer, plus this side's own
+    /// thread counts and I/O mode.
+    pub fn from_accepted(
+        a: &wanxfer_proto::SessionAccepted,
+        readers: usize,
+        writers: usize,
+        io: IoMode,
+    ) -> Params {
+        use wanxfer_proto::session_flags::{DISCARD, NO_BLOCK_CHECKSUM, NO_FILE_DIGEST};
+        Params {
+            session_tag: session_tag(&a.session_id),
+            streams: a.streams,
+            block_size: a.block_size,
+            depth: a.depth,
+            window: a.window,
+            readers: readers.max(1),
+            writers: writers.max(1),
+            block_crc: a.flags & NO_BLOCK_CHECKSUM == 0,
+            file_digest: a.flags & NO_FILE_DIGEST == 0,
+            discard: a.flags & DISCARD != 0,
+            io,
+        }
+    }
+
     /// Buffers in this side's pool: every channel's queue plus one in the hands of each
     /// channel, reader and writer.
     pub fn pool_blocks(&self) -> usize {

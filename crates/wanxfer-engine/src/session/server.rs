@@ -22,7 +22,7 @@ use wanxfer_proto::{
 
 use super::control::{read_message, read_preamble, spawn_reader, tune_socket, Control};
 use super::driver::{run_receiver, run_sender, Core};
-use super::{random, session_tag, Params, DISCARD_PATH, SYNTHETIC_PATH};
+use super::{random, Params, DISCARD_PATH, SYNTHETIC_PATH};
 use crate::fs::Root;
 use crate::pool::Cancel;
 use crate::progress::{CpuMeter, Progress};
@@ -294,7 +294,7 @@ impl Connection {
             }
         };
         let session_id: [u8; 16] = random()?;
-        let params = self.clamp(&request, &session_id);
+        let (accepted, params) = self.clamp(&request, &session_id);
         let role = match self.prepare_role(&request, &params) {
             Ok(role) => role,
             Err(e) => {
@@ -311,14 +311,6 @@ impl Connection {
             .lock()
             .expect("no panics while held")
             .insert(session_id, (auth, params.streams, joins_tx));
-        let accepted = SessionAccepted {
-            session_id,
-            streams: params.streams,
-            block_size: params.block_size,
-            depth: params.depth,
-            window: params.window,
-            flags: request.flags,
-        };
         let channels = control
             .send(&Message::SessionAccepted(accepted))
             .and_then(|()| self.collect_channels(&joins_rx, params.streams));
@@ -372,30 +364,28 @@ impl Connection {
         result
     }
 
-    /// The agreed parameters: the client's wishes within our limits.
-    fn clamp(&self, req: &OpenSession, session_id: &[u8; 16]) -> Params {
+    /// The agreed parameters: the client's wishes within our limits, with the pool's
+    /// depth lowered until it fits this server's memory bound.
+    fn clamp(&self, req: &OpenSession, session_id: &[u8; 16]) -> (SessionAccepted, Params) {
         let l = &self.limits;
-        let block_size = req
-            .block_size
-            .clamp(64 << 10, l.max_block_size.min(MAX_BLOCK_PAYLOAD));
-        let streams = req.streams.clamp(1, l.max_streams);
-        let mut params = Params {
-            session_tag: session_tag(session_id),
-            streams,
-            block_size,
+        let mut accepted = SessionAccepted {
+            session_id: *session_id,
+            streams: req.streams.clamp(1, l.max_streams),
+            block_size: req
+                .block_size
+                .clamp(64 << 10, l.max_block_size.min(MAX_BLOCK_PAYLOAD)),
             depth: req.depth.clamp(1, l.max_depth),
             window: req.window.clamp(1, l.max_window),
-            readers: l.readers.max(1),
-            writers: l.writers.max(1),
-            block_crc: req.flags & session_flags::NO_BLOCK_CHECKSUM == 0,
-            file_digest: req.flags & session_flags::NO_FILE_DIGEST == 0,
-            discard: req.flags & session_flags::DISCARD != 0,
-            io: l.io,
+            flags: req.flags,
         };
-        while params.depth > 1 && params.pool_blocks() * block_size as usize > l.max_pool_bytes {
+        let mut params = Params::from_accepted(&accepted, l.readers, l.writers, l.io);
+        while params.depth > 1
+            && params.pool_blocks() * params.block_size as usize > l.max_pool_bytes
+        {
             params.depth -= 1;
         }
-        params
+        accepted.depth = params.depth;
+        (accepted, params)
     }
 
     fn prepare_role(&self, req: &OpenSession, params: &Params) -> Result<Role, Error> {
