@@ -411,7 +411,7 @@ impl Sink {
             let data = block.slice(pos, seg.len as usize);
             pos += seg.len as usize;
             if block.damaged {
-                self.fail_damaged(seg, out);
+                self.fail_damaged(seg, out)?;
                 continue;
             }
             if let Some(done) = self.place_segment(seg, data, scratch)? {
@@ -421,9 +421,9 @@ impl Sink {
         Ok(())
     }
 
-    fn fail_damaged(&self, seg: &Segment, out: &mut Vec<Resolution>) {
-        let Some(slot) = self.slot(seg.file_id) else {
-            return;
+    fn fail_damaged(&self, seg: &Segment, out: &mut Vec<Resolution>) -> Result<(), Error> {
+        let Some(slot) = self.pending_slot(seg.file_id)? else {
+            return Ok(());
         };
         self.abandon(seg.file_id);
         out.push(Resolution::Failed {
@@ -434,6 +434,7 @@ impl Sink {
                 detail: format!("block checksum mismatch on data from {}", self.peer),
             },
         });
+        Ok(())
     }
 
     fn slot(&self, id: u64) -> Option<Arc<Slot>> {
@@ -444,25 +445,35 @@ impl Sink {
             .cloned()
     }
 
+    /// The slot data for `id` goes to; `None` for a file that already failed (its late
+    /// blocks are dropped); an error for an id the peer never announced (or announced
+    /// but has not yet seen acknowledged, which an honest sender never does).
+    fn pending_slot(&self, id: u64) -> Result<Option<Arc<Slot>>, Error> {
+        if let Some(slot) = self.slot(id) {
+            return Ok(Some(slot));
+        }
+        if self
+            .failed
+            .lock()
+            .expect("no panics while held")
+            .contains(&id)
+        {
+            return Ok(None);
+        }
+        Err(Error::protocol(
+            &self.peer,
+            format!("data for file id {id} which is not pending"),
+        ))
+    }
+
     fn place_segment(
         &self,
         seg: &Segment,
         data: &[u8],
         scratch: &mut Vec<u8>,
     ) -> Result<Option<Resolution>, Error> {
-        let Some(slot) = self.slot(seg.file_id) else {
-            if self
-                .failed
-                .lock()
-                .expect("no panics while held")
-                .contains(&seg.file_id)
-            {
-                return Ok(None);
-            }
-            return Err(Error::protocol(
-                &self.peer,
-                format!("data for file id {} which is not pending", seg.file_id),
-            ));
+        let Some(slot) = self.pending_slot(seg.file_id)? else {
+            return Ok(None);
         };
         let end = seg.offset + u64::from(seg.len);
         if end > slot.size {

@@ -678,7 +678,7 @@ impl ReaderDir {
         if !cached {
             let dir = rustix::fs::openat2(
                 base.as_fd(),
-                OsStr::from_bytes(parent.as_bytes()),
+                dir_path(&parent),
                 OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
                 Mode::empty(),
                 ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
@@ -690,6 +690,15 @@ impl ReaderDir {
         fs::open_file_at(dir.as_fd(), name)
             .map(Some)
             .map_err(|e| Error::local("open", &job.shown, e))
+    }
+}
+
+/// `rel` as a path for `openat2`, which refuses an empty one: the base itself is ".".
+fn dir_path(rel: &RelPath) -> &OsStr {
+    if rel.is_root() {
+        OsStr::new(".")
+    } else {
+        OsStr::from_bytes(rel.as_bytes())
     }
 }
 

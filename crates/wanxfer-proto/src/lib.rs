@@ -75,6 +75,8 @@ pub enum DecodeError {
     Checksum { what: &'static str },
     #[error("invalid path: {0}")]
     Path(#[from] PathError),
+    #[error("invalid path \"{path}\": {reason}")]
+    BadPath { path: String, reason: PathError },
     #[error("invalid value: {0}")]
     Invalid(&'static str),
 }

@@ -549,7 +549,7 @@ fn decode_open(d: &mut Decoder) -> Result<OpenSession, DecodeError> {
     };
     let n = d.count("session paths", MAX_SESSION_PATHS, 4)?;
     let paths = (0..n)
-        .map(|_| Ok(RelPath::new(d.bytes("path", MAX_PATH_BYTES)?)?))
+        .map(|_| decode_path(d))
         .collect::<Result<_, DecodeError>>()?;
     let open = OpenSession {
         direction,
@@ -598,7 +598,7 @@ fn decode_entry(d: &mut Decoder) -> Result<Entry, DecodeError> {
             })
         }
     };
-    let path = RelPath::new(d.bytes("path", MAX_PATH_BYTES)?)?;
+    let path = decode_path(d)?;
     let entry = Entry {
         kind,
         path,
@@ -647,5 +647,15 @@ fn decode_class(v: u8) -> Result<FailureClass, DecodeError> {
                 value: other.into(),
             })
         }
+    })
+}
+
+/// A path from the peer, refused with the offending bytes shown so that the error names
+/// the entry (escaped, since the bytes are hostile by assumption).
+fn decode_path(d: &mut Decoder) -> Result<RelPath, DecodeError> {
+    let bytes = d.bytes("path", MAX_PATH_BYTES)?;
+    RelPath::new(bytes).map_err(|reason| DecodeError::BadPath {
+        path: bytes.escape_ascii().to_string(),
+        reason,
     })
 }

@@ -9,7 +9,7 @@
 //! Any fatal error cancels the session: the peer is told (best effort), every socket is
 //! shut down so blocked workers wake, and every worker is joined before returning.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{select, Receiver, Sender};
 use wanxfer_proto::{
-    ErrorMsg, FailureClass, FileFailed, Manifest, ManifestEnd, Message, MAX_ACK_IDS,
+    EntryKind, ErrorMsg, FailureClass, FileFailed, Manifest, ManifestEnd, Message, MAX_ACK_IDS,
     MAX_MANIFEST_ENTRIES,
 };
 
@@ -38,9 +38,45 @@ type WorkerExit = Result<(), Error>;
 /// How a role ended when the session itself did not fail.
 #[derive(Debug, Default)]
 pub struct Outcome {
+    /// Files and symlinks in place (directories are not counted: operators read "files"
+    /// as files, and a rate in files per second should not be padded by directories).
     pub files_ok: u64,
     pub failures: Vec<Error>,
     pub skipped: Vec<String>,
+}
+
+impl Outcome {
+    fn count_done(&mut self, kind: EntryKind, progress: &Progress) {
+        if kind != EntryKind::Dir {
+            self.files_ok += 1;
+            progress.files.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Manifest entries announced but not yet resolved, with their kinds.
+#[derive(Default)]
+struct Outstanding(HashMap<u64, EntryKind>);
+
+impl Outstanding {
+    fn insert(&mut self, id: u64, kind: EntryKind, progress: &Progress) {
+        if kind != EntryKind::Dir {
+            progress.total_files.fetch_add(1, Ordering::Relaxed);
+        }
+        self.0.insert(id, kind);
+    }
+
+    fn remove(&mut self, id: u64) -> Option<EntryKind> {
+        self.0.remove(&id)
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// Everything a role needs, set up by the client or the server.
@@ -182,7 +218,7 @@ pub fn run_sender(core: &mut Core, source: &Source) -> Result<Outcome, Error> {
 struct SenderState {
     walker: Walker,
     planner: Planner,
-    outstanding: HashSet<u64>,
+    outstanding: Outstanding,
     next_id: u64,
     total_bytes: u64,
     walk_done: bool,
@@ -239,7 +275,7 @@ fn sender_loop(core: &mut Core, source: &Source) -> Result<Outcome, Error> {
     let mut st = SenderState {
         walker: Walker::new(source),
         planner: Planner::new(params.block_size as usize),
-        outstanding: HashSet::new(),
+        outstanding: Outstanding::default(),
         next_id: 0,
         total_bytes: 0,
         walk_done: false,
@@ -288,14 +324,11 @@ fn sender_loop(core: &mut Core, source: &Source) -> Result<Outcome, Error> {
 }
 
 fn resolve(core: &Core, st: &mut SenderState, id: u64, result: Result<(), Error>) {
-    if !st.outstanding.remove(&id) {
+    let Some(kind) = st.outstanding.remove(id) else {
         return;
-    }
+    };
     match result {
-        Ok(()) => {
-            st.outcome.files_ok += 1;
-            core.progress.files.fetch_add(1, Ordering::Relaxed);
-        }
+        Ok(()) => st.outcome.count_done(kind, &core.progress),
         Err(e) => {
             core.progress.failed_files.fetch_add(1, Ordering::Relaxed);
             st.outcome.failures.push(e);
@@ -321,8 +354,7 @@ fn walk_some(core: &mut Core, st: &mut SenderState) -> Result<(), Error> {
                 let id = st.next_id;
                 st.next_id += 1;
                 st.total_bytes += walked.entry.size;
-                st.outstanding.insert(id);
-                core.progress.total_files.fetch_add(1, Ordering::Relaxed);
+                st.outstanding.insert(id, walked.entry.kind, &core.progress);
                 core.progress
                     .total_bytes
                     .fetch_add(walked.entry.size, Ordering::Relaxed);
@@ -424,7 +456,7 @@ pub fn run_receiver(core: &mut Core, sink: Arc<Sink>) -> Result<Outcome, Error> 
 struct ReceiverState {
     next_id: u64,
     end: Option<u64>,
-    outstanding: HashSet<u64>,
+    outstanding: Outstanding,
     acks: Vec<u64>,
     outcome: Outcome,
 }
@@ -463,7 +495,7 @@ fn receiver_loop(core: &mut Core, sink: &Arc<Sink>) -> Result<Outcome, Error> {
     let mut st = ReceiverState {
         next_id: 0,
         end: None,
-        outstanding: HashSet::new(),
+        outstanding: Outstanding::default(),
         acks: Vec::new(),
         outcome: Outcome::default(),
     };
@@ -514,14 +546,13 @@ fn receiver_resolution(
 ) -> Result<(), Error> {
     match res {
         Resolution::Done { id, .. } => {
-            if st.outstanding.remove(&id) {
+            if let Some(kind) = st.outstanding.remove(id) {
                 st.acks.push(id);
-                st.outcome.files_ok += 1;
-                core.progress.files.fetch_add(1, Ordering::Relaxed);
+                st.outcome.count_done(kind, &core.progress);
             }
         }
         Resolution::Failed { id, error } => {
-            st.outstanding.remove(&id);
+            st.outstanding.remove(id);
             let msg = FileFailed {
                 id,
                 class: error.wire_class(),
@@ -556,11 +587,10 @@ fn receiver_message(
             for entry in &m.entries {
                 let id = st.next_id;
                 st.next_id += 1;
-                core.progress.total_files.fetch_add(1, Ordering::Relaxed);
                 core.progress
                     .total_bytes
                     .fetch_add(entry.size, Ordering::Relaxed);
-                st.outstanding.insert(id);
+                st.outstanding.insert(id, entry.kind, &core.progress);
                 match sink.apply_entry(id, entry)? {
                     Some(res) => receiver_resolution(core, st, res)?,
                     None => {
@@ -592,7 +622,7 @@ fn receiver_message(
         }
         Message::FileFailed(f) => {
             sink.abandon(f.id);
-            if st.outstanding.remove(&f.id) {
+            if st.outstanding.remove(f.id).is_some() {
                 core.progress.failed_files.fetch_add(1, Ordering::Relaxed);
                 st.outcome.failures.push(remote_file_error(core.peer(), &f));
             }

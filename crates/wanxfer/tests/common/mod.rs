@@ -1,0 +1,379 @@
+//! Shared end-to-end harness: a real `wanxfer serve` child on loopback, `wanxfer cp` runs
+//! with their exit code and JSON, and tree builders and comparisons that look at names
+//! byte for byte, contents, modes, mtimes and symlink targets.
+//!
+//! Every test gets its own server, root and secret, so tests run in parallel without
+//! sharing state, and a server that dies is noticed by the test that killed it only.
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const SECRET: &str = "e2e-test-secret-0123456789abcdef";
+
+pub fn wanxfer_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_wanxfer"))
+}
+
+/// A `wanxfer serve` child on 127.0.0.1 with its own root, killed on drop.
+pub struct Server {
+    child: Option<Child>,
+    pub addr: String,
+    pub root: PathBuf,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Serves `root` (which must exist) with [`SECRET`] and any extra `serve` flags.
+    pub fn start(root: &Path, extra: &[&str]) -> Server {
+        let log = root
+            .parent()
+            .expect("roots live in a temporary directory")
+            .join(format!(
+                "serve-{}.log",
+                root.file_name().unwrap().to_string_lossy()
+            ));
+        let mut child = Command::new(wanxfer_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--root"])
+            .arg(root)
+            .args(extra)
+            .env("WANXFER_SECRET", SECRET)
+            .env(
+                "RUST_LOG",
+                std::env::var("WANXFER_TEST_SERVER_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(fs::File::create(&log).expect("server log"))
+            .spawn()
+            .expect("start wanxfer serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .expect("read the serving line");
+        let addr = line
+            .trim()
+            .rsplit(" on ")
+            .next()
+            .filter(|a| a.starts_with("127.0.0.1:"))
+            .unwrap_or_else(|| panic!("server did not start: {line:?}"))
+            .to_string();
+        Server {
+            child: Some(child),
+            addr,
+            root: root.to_path_buf(),
+            log,
+        }
+    }
+
+    /// `wanxfer://ADDR/PATH`.
+    pub fn url(&self, path: &str) -> OsString {
+        format!("wanxfer://{}/{}", self.addr, path).into()
+    }
+
+    /// `wanxfer://ADDR/` followed by raw path bytes.
+    pub fn url_bytes(&self, path: &[u8]) -> OsString {
+        let mut url = format!("wanxfer://{}/", self.addr).into_bytes();
+        url.extend_from_slice(path);
+        OsString::from_vec(url)
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("server running").id() as i32
+    }
+
+    /// Whether the server process is still alive (it must survive bad clients).
+    pub fn is_running(&mut self) -> bool {
+        let child = self.child.as_mut().expect("server running");
+        child.try_wait().expect("wait on server").is_none()
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A finished `wanxfer cp`.
+#[derive(Debug)]
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    fn from_output(out: Output) -> Run {
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// The `--json` summary (the last line of stdout).
+    pub fn json(&self) -> serde_json::Value {
+        let line = self.stdout.lines().last().unwrap_or_default();
+        serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {:?}", self.stdout))
+    }
+
+    #[track_caller]
+    pub fn assert_ok(&self) -> &Run {
+        assert_eq!(self.code, 0, "wanxfer cp failed: {self:#?}");
+        self
+    }
+
+    #[track_caller]
+    pub fn assert_code(&self, code: i32) -> &Run {
+        assert_eq!(self.code, code, "unexpected exit code: {self:#?}");
+        self
+    }
+
+    #[track_caller]
+    pub fn assert_stderr_mentions(&self, needle: &str) -> &Run {
+        assert!(
+            self.stderr.contains(needle),
+            "stderr should mention {needle:?}: {self:#?}"
+        );
+        self
+    }
+}
+
+/// A `wanxfer cp` command with the test secret and no progress bar.
+pub fn cp_command<I, S>(args: I) -> Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut cmd = Command::new(wanxfer_bin());
+    cmd.arg("cp")
+        .arg("--quiet")
+        .args(args)
+        .env("WANXFER_SECRET", SECRET)
+        .env_remove("RUST_LOG");
+    cmd
+}
+
+/// Runs `wanxfer cp ARGS...` to completion.
+pub fn cp<I, S>(args: I) -> Run
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    Run::from_output(cp_command(args).output().expect("run wanxfer cp"))
+}
+
+/// Runs `wanxfer cp ARGS...` with another secret.
+pub fn cp_with_secret<I, S>(secret: &str, args: I) -> Run
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut cmd = cp_command(args);
+    cmd.env("WANXFER_SECRET", secret);
+    Run::from_output(cmd.output().expect("run wanxfer cp"))
+}
+
+/// A finished child started with [`cp_command`].
+pub fn finish(child: Child) -> Run {
+    Run::from_output(child.wait_with_output().expect("wait for wanxfer cp"))
+}
+
+/// One node of a tree as the tests see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Node {
+    File {
+        mode: u32,
+        mtime: (i64, i64),
+        digest: [u8; 32],
+        size: u64,
+    },
+    Dir {
+        mode: u32,
+        mtime: (i64, i64),
+    },
+    Symlink {
+        target: Vec<u8>,
+    },
+}
+
+/// Every entry under `root` by relative path (bytes), without following symlinks.
+/// Directory mtimes are left out when `dir_mtimes` is false.
+pub fn snapshot(root: &Path) -> BTreeMap<Vec<u8>, Node> {
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<Vec<u8>, Node>) {
+    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display())) {
+        let path = entry.expect("directory entry").path();
+        let rel = path
+            .strip_prefix(root)
+            .unwrap()
+            .as_os_str()
+            .as_bytes()
+            .to_vec();
+        let node = node(&path);
+        if matches!(node, Node::Dir { .. }) {
+            walk(root, &path, out);
+        }
+        out.insert(rel, node);
+    }
+}
+
+/// One path as the tests see it (not followed if a symlink).
+pub fn node(path: &Path) -> Node {
+    let meta = fs::symlink_metadata(path).unwrap_or_else(|e| panic!("lstat {path:?}: {e}"));
+    let mtime = (meta.mtime(), meta.mtime_nsec());
+    let mode = meta.permissions().mode() & 0o7777;
+    if meta.file_type().is_symlink() {
+        Node::Symlink {
+            target: fs::read_link(path).unwrap().into_os_string().into_vec(),
+        }
+    } else if meta.is_dir() {
+        Node::Dir { mode, mtime }
+    } else {
+        Node::File {
+            mode,
+            mtime,
+            digest: digest_file(path),
+            size: meta.len(),
+        }
+    }
+}
+
+fn digest_file(path: &Path) -> [u8; 32] {
+    use sha2::Digest;
+    let mut file = fs::File::open(path).expect("open for digest");
+    let mut hasher = sha2::Sha256::new();
+    std::io::copy(&mut file, &mut hasher).expect("read for digest");
+    hasher.finalize().into()
+}
+
+/// Asserts `copy` holds exactly what `original` holds: names, kinds, contents, modes,
+/// file mtimes and symlink targets (directory mtimes too when `dir_mtimes`).
+#[track_caller]
+pub fn assert_same_tree(original: &Path, copy: &Path, dir_mtimes: bool) {
+    let normalize = |mut tree: BTreeMap<Vec<u8>, Node>| {
+        if !dir_mtimes {
+            for node in tree.values_mut() {
+                if let Node::Dir { mtime, .. } = node {
+                    *mtime = (0, 0);
+                }
+            }
+        }
+        tree
+    };
+    let a = normalize(snapshot(original));
+    let b = normalize(snapshot(copy));
+    let only_a: Vec<_> = a.keys().filter(|k| !b.contains_key(*k)).collect();
+    let only_b: Vec<_> = b.keys().filter(|k| !a.contains_key(*k)).collect();
+    assert!(
+        only_a.is_empty() && only_b.is_empty(),
+        "trees differ: missing in copy {:?}, extra in copy {:?}",
+        lossy(&only_a),
+        lossy(&only_b)
+    );
+    for (path, node) in &a {
+        assert_eq!(node, &b[path], "{} differs", String::from_utf8_lossy(path));
+    }
+}
+
+fn lossy(paths: &[&Vec<u8>]) -> Vec<String> {
+    paths
+        .iter()
+        .take(10)
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect()
+}
+
+/// Names of entries anywhere under `root` whose final name is a wanxfer temporary file.
+pub fn temp_files(root: &Path) -> Vec<String> {
+    snapshot(root)
+        .keys()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .filter(|p| p.rsplit('/').next().unwrap().starts_with(".wanxfer-"))
+        .collect()
+}
+
+/// Writes `len` bytes of a seeded, incompressible-looking pattern.
+pub fn write_pattern(path: &Path, len: u64, seed: u64) {
+    let mut file = fs::File::create(path).expect("create pattern file");
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        for chunk in buf.chunks_exact_mut(8) {
+            // xorshift64*
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            chunk.copy_from_slice(&state.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+        }
+        let n = left.min(buf.len() as u64) as usize;
+        file.write_all(&buf[..n]).expect("write pattern");
+        left -= n as u64;
+    }
+}
+
+pub fn set_mode(path: &Path, mode: u32) {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// Sets a file's or directory's mtime (seconds and nanoseconds) without following links.
+pub fn set_mtime(path: &Path, sec: i64, nsec: u32) {
+    let file = fs::File::open(path).expect("open to set mtime");
+    let time = std::time::UNIX_EPOCH + Duration::new(sec as u64, nsec);
+    file.set_times(fs::FileTimes::new().set_modified(time).set_accessed(time))
+        .expect("set mtime");
+}
+
+/// Waits until `cond` holds, polling; panics after `limit` with `what`.
+pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Sends a signal to a process (SIGSTOP/SIGCONT/SIGKILL by number).
+pub fn signal(pid: i32, sig: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{sig} {pid} failed");
+}
+
+pub fn is_root() -> bool {
+    fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2))
+                == Some("0")
+        })
+        .unwrap_or(false)
+}

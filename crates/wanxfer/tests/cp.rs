@@ -1,0 +1,466 @@
+//! End to end over loopback: a real server and real `wanxfer cp` runs, checked by
+//! comparing whole trees byte for byte with their modes, mtimes and symlinks.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use common::*;
+
+/// A temporary directory with a server root `root/` and a client area beside it.
+struct Site {
+    dir: tempfile::TempDir,
+    server: Server,
+}
+
+impl Site {
+    fn new() -> Site {
+        Site::with_serve_flags(&[])
+    }
+
+    fn with_serve_flags(flags: &[&str]) -> Site {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("root");
+        fs::create_dir(&root).unwrap();
+        let server = Server::start(&root, flags);
+        Site { dir, server }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn root(&self) -> &Path {
+        &self.server.root
+    }
+}
+
+/// A tree with every kind of entry and name the issue lists.
+fn odd_tree(at: &Path) {
+    fs::create_dir_all(at).unwrap();
+    let names: Vec<&[u8]> = vec![
+        b"with space",
+        b"new\nline",
+        b"-leading-dash",
+        b"--help",
+        "Überdaten-数据-ε".as_bytes(),
+        b"non-utf8-\xff\xfe",
+        b"tab\there",
+        b"back\\slash",
+    ];
+    for (i, name) in names.iter().enumerate() {
+        let path = at.join(OsStr::from_bytes(name));
+        write_pattern(&path, 1000 + i as u64 * 4097, i as u64);
+    }
+    let long = "n".repeat(255);
+    write_pattern(&at.join(&long), 12345, 99);
+    fs::create_dir(at.join("d".repeat(255))).unwrap();
+
+    fs::File::create(at.join("empty")).unwrap();
+    fs::create_dir_all(at.join("empty-dir")).unwrap();
+    fs::create_dir_all(at.join("nested/empty-inner")).unwrap();
+
+    let mut deep = at.join("deep");
+    for level in 0..64 {
+        deep.push(format!("level-{level}"));
+    }
+    fs::create_dir_all(&deep).unwrap();
+    write_pattern(&deep.join("bottom.bin"), 70_000, 7);
+
+    let private = at.join("private.key");
+    write_pattern(&private, 3000, 3);
+    set_mode(&private, 0o600);
+    let script = at.join("run.sh");
+    write_pattern(&script, 100, 4);
+    set_mode(&script, 0o755);
+    let ro = at.join("read-only");
+    write_pattern(&ro, 5000, 5);
+    set_mode(&ro, 0o444);
+    fs::create_dir(at.join("restricted")).unwrap();
+    write_pattern(&at.join("restricted/inside"), 10, 6);
+
+    symlink("with space", at.join("link-to-file")).unwrap();
+    symlink("/etc/passwd", at.join("absolute-link")).unwrap();
+    symlink("../../outside/of/everything", at.join("dangling-escape")).unwrap();
+    symlink("deep/level-0", at.join("link-to-dir")).unwrap();
+
+    // Block-sized edges: a file exactly one block, one byte over, one byte under.
+    for (name, len) in [
+        ("block-exact", 1 << 20),
+        ("block-plus", (1 << 20) + 1),
+        ("block-minus", (1 << 20) - 1),
+    ] {
+        write_pattern(&at.join(name), len, len);
+    }
+
+    // mtimes (with nanoseconds) on files and directories, directories last since
+    // writing into them moves their mtime.
+    set_mtime(&at.join("private.key"), 1_000_000_000, 123_456_789);
+    set_mtime(&at.join("empty"), 1_500_000_000, 1);
+    set_mtime(&deep.join("bottom.bin"), 1_234_567_890, 0);
+    set_mode(&at.join("restricted"), 0o750);
+    set_mtime(&at.join("restricted"), 1_600_000_000, 500);
+    set_mtime(&at.join("empty-dir"), 1_700_000_000, 42);
+}
+
+#[test]
+fn push_then_pull_keeps_names_contents_modes_mtimes_and_symlinks() {
+    let site = Site::new();
+    let src = site.path("src/tree");
+    odd_tree(&src);
+
+    cp([src.as_os_str(), &site.server.url("copy")]).assert_ok();
+    assert_same_tree(&src, &site.root().join("copy"), true);
+
+    let back = site.path("back");
+    cp([&site.server.url("copy"), back.as_os_str()]).assert_ok();
+    assert_same_tree(&src, &back, true);
+
+    assert!(temp_files(site.root()).is_empty());
+    assert!(temp_files(&back).is_empty());
+}
+
+#[test]
+fn every_io_mode_and_stream_count_moves_the_same_bytes() {
+    let site = Site::new();
+    let src = site.path("src/tree");
+    odd_tree(&src);
+    for (i, flags) in [
+        &["--io", "copy", "--streams", "1"][..],
+        &[
+            "--io",
+            "sendfile",
+            "--streams",
+            "4",
+            "--block-size",
+            "64KiB",
+        ][..],
+        &["--no-block-checksum", "--depth", "1"][..],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let dest = format!("copy-{i}");
+        let mut args: Vec<&OsStr> = flags.iter().map(OsStr::new).collect();
+        let url = site.server.url(&dest);
+        args.extend([src.as_os_str(), &url]);
+        cp(args).assert_ok();
+        assert_same_tree(&src, &site.root().join(&dest), true);
+    }
+}
+
+#[test]
+fn a_large_file_goes_both_ways_intact() {
+    let site = Site::new();
+    let src = site.path("big.bin");
+    write_pattern(&src, 300 << 20, 1);
+
+    let run = cp([
+        OsStr::new("--json"),
+        OsStr::new("--block-size"),
+        OsStr::new("1MiB"),
+        OsStr::new("--streams"),
+        OsStr::new("3"),
+        src.as_os_str(),
+        &site.server.url("big.bin"),
+    ]);
+    let json = run.assert_ok().json();
+    assert_eq!(json["bytes"], 300u64 << 20);
+    assert_eq!(json["files"], 1);
+    assert_eq!(json["streams"], 3);
+    assert_eq!(json["transport"], "tcp");
+    assert_eq!(node(&src), node(&site.root().join("big.bin")));
+
+    let back = site.path("back.bin");
+    cp([&site.server.url("big.bin"), back.as_os_str()]).assert_ok();
+    assert_eq!(node(&src), node(&back));
+}
+
+#[test]
+fn twenty_thousand_small_files_push_and_pull() {
+    let site = Site::new();
+    let src = site.path("small");
+    for d in 0..100 {
+        let dir = src.join(format!("dir-{d:03}"));
+        fs::create_dir_all(&dir).unwrap();
+        for f in 0..200 {
+            let len = 1 + (d * 200 + f) % 3000;
+            fs::write(dir.join(format!("f{f}")), pattern_bytes(len, d * 1000 + f)).unwrap();
+        }
+    }
+
+    let run = cp([
+        OsStr::new("--json"),
+        src.as_os_str(),
+        &site.server.url("small"),
+    ]);
+    let json = run.assert_ok().json();
+    assert_eq!(json["files"], 20_000, "{json}");
+    assert_eq!(json["failed_files"], 0);
+    assert_same_tree(&src, &site.root().join("small"), false);
+
+    let back = site.path("back");
+    cp([&site.server.url("small"), back.as_os_str()]).assert_ok();
+    assert_same_tree(&src, &back, false);
+}
+
+fn pattern_bytes(len: usize, seed: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i.wrapping_mul(31) ^ seed.wrapping_mul(131)) as u8)
+        .collect()
+}
+
+#[test]
+fn sources_land_where_cp_r_would_put_them() {
+    let site = Site::new();
+    let a = site.path("a");
+    let b = site.path("b.txt");
+    fs::create_dir_all(a.join("inner")).unwrap();
+    fs::write(a.join("inner/x"), b"x").unwrap();
+    fs::write(&b, b"bee").unwrap();
+
+    // One source onto a name that does not exist: becomes that name.
+    cp([a.as_os_str(), &site.server.url("renamed")]).assert_ok();
+    assert_eq!(fs::read(site.root().join("renamed/inner/x")).unwrap(), b"x");
+    cp([b.as_os_str(), &site.server.url("b-renamed")]).assert_ok();
+    assert_eq!(fs::read(site.root().join("b-renamed")).unwrap(), b"bee");
+
+    // One source onto an existing directory: goes inside it.
+    fs::create_dir(site.root().join("existing")).unwrap();
+    cp([a.as_os_str(), &site.server.url("existing")]).assert_ok();
+    assert_eq!(
+        fs::read(site.root().join("existing/a/inner/x")).unwrap(),
+        b"x"
+    );
+
+    // Several sources: each goes inside the destination, which must be a directory
+    // (as with cp, a missing one is refused rather than guessed at).
+    cp([a.as_os_str(), b.as_os_str(), &site.server.url("multi")])
+        .assert_code(8)
+        .assert_stderr_mentions("multi");
+    fs::create_dir(site.root().join("multi")).unwrap();
+    cp([a.as_os_str(), b.as_os_str(), &site.server.url("multi")]).assert_ok();
+    assert_eq!(fs::read(site.root().join("multi/a/inner/x")).unwrap(), b"x");
+    assert_eq!(fs::read(site.root().join("multi/b.txt")).unwrap(), b"bee");
+
+    // Pulling several sources into an existing local directory.
+    let local = site.path("local");
+    fs::create_dir(&local).unwrap();
+    cp([
+        &site.server.url("renamed"),
+        &site.server.url("b-renamed"),
+        local.as_os_str(),
+    ])
+    .assert_ok();
+    assert_eq!(fs::read(local.join("renamed/inner/x")).unwrap(), b"x");
+    assert_eq!(fs::read(local.join("b-renamed")).unwrap(), b"bee");
+
+    // The server root itself as destination.
+    cp([b.as_os_str(), &site.server.url("")]).assert_ok();
+    assert_eq!(fs::read(site.root().join("b.txt")).unwrap(), b"bee");
+}
+
+#[test]
+fn an_existing_file_is_replaced_by_the_verified_new_one() {
+    let site = Site::new();
+    let dest = site.root().join("data.bin");
+    fs::write(&dest, b"old contents that are longer than the new ones").unwrap();
+    let src = site.path("data.bin");
+    fs::write(&src, b"new").unwrap();
+    cp([src.as_os_str(), &site.server.url("data.bin")]).assert_ok();
+    assert_eq!(fs::read(&dest).unwrap(), b"new");
+
+    // And on the pulling side.
+    let local = site.path("pulled.bin");
+    fs::write(&local, b"stale local copy").unwrap();
+    cp([&site.server.url("data.bin"), local.as_os_str()]).assert_ok();
+    assert_eq!(fs::read(&local).unwrap(), b"new");
+}
+
+#[test]
+fn memory_to_memory_moves_real_bytes_and_writes_nothing() {
+    let site = Site::new();
+    let json = cp([
+        "--json",
+        "--bytes",
+        "96MiB",
+        "/dev/zero",
+        site.server.url("dev/null").to_str().unwrap(),
+    ])
+    .assert_ok()
+    .json();
+    assert_eq!(json["bytes"], 96u64 << 20);
+    for key in [
+        "seconds",
+        "gbit_per_s",
+        "files_per_s",
+        "cpu_user_s",
+        "cpu_sys_s",
+        "peer_cpu_user_s",
+        "peer_cpu_sys_s",
+        "streams",
+        "block_size",
+        "transport",
+    ] {
+        assert!(json.get(key).is_some(), "JSON lacks {key}: {json}");
+    }
+    assert!(json["gbit_per_s"].as_f64().unwrap() > 0.0);
+    // The server's CPU for the session is reported, and it did work.
+    let peer_cpu =
+        json["peer_cpu_user_s"].as_f64().unwrap() + json["peer_cpu_sys_s"].as_f64().unwrap();
+    assert!(peer_cpu > 0.0, "{json}");
+
+    let pulled = cp([
+        "--json",
+        "--bytes",
+        "1GB",
+        site.server.url("dev/zero").to_str().unwrap(),
+        "/dev/null",
+    ]);
+    assert_eq!(pulled.assert_ok().json()["bytes"], 1_000_000_000u64);
+    assert!(
+        snapshot(site.root()).is_empty(),
+        "/dev/null on the server is never a file"
+    );
+}
+
+#[test]
+fn a_wrong_secret_is_refused_before_the_server_touches_its_disk() {
+    let mut site = Site::new();
+    let src = site.path("f");
+    fs::write(&src, b"data").unwrap();
+    let run = cp_with_secret(
+        "not-the-secret",
+        [src.as_os_str(), &site.server.url("new-dir/f")],
+    );
+    run.assert_code(3).assert_stderr_mentions("secret");
+    assert!(snapshot(site.root()).is_empty());
+    assert!(site.server.is_running());
+    // And the server still serves the right secret.
+    cp([src.as_os_str(), &site.server.url("f")]).assert_ok();
+}
+
+#[test]
+fn escaping_paths_are_refused_by_the_client() {
+    let site = Site::new();
+    let src = site.path("f");
+    fs::write(&src, b"data").unwrap();
+    for bad in ["../escape", "a/../../escape", "/etc/escape"] {
+        cp([src.as_os_str(), &site.server.url(bad)])
+            .assert_code(2)
+            .assert_stderr_mentions("escape");
+        cp([&site.server.url(bad), site.path("out").as_os_str()]).assert_code(2);
+    }
+    assert!(snapshot(site.root()).is_empty());
+    assert!(!site.path("out").exists());
+    assert!(!site.path("escape").exists());
+}
+
+/// A directory beside the server root that nothing may ever touch.
+fn outside(site: &Site) -> PathBuf {
+    let out = site.path("outside");
+    fs::create_dir(&out).unwrap();
+    fs::write(out.join("precious"), b"do not touch").unwrap();
+    out
+}
+
+#[test]
+fn symlinks_planted_in_the_server_root_are_never_followed() {
+    let mut site = Site::new();
+    let out = outside(&site);
+    let before = snapshot(&out);
+    symlink(&out, site.root().join("escape-dir")).unwrap();
+    symlink(out.join("precious"), site.root().join("escape-file")).unwrap();
+    fs::create_dir(site.root().join("tree")).unwrap();
+    symlink(&out, site.root().join("tree/sub")).unwrap();
+
+    let file = site.path("precious");
+    fs::write(&file, b"attacker data").unwrap();
+    let tree = site.path("tree");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    fs::write(tree.join("sub/precious"), b"attacker data").unwrap();
+
+    // Through a symlinked directory: refused, naming the path.
+    cp([file.as_os_str(), &site.server.url("escape-dir/precious")])
+        .assert_code(8)
+        .assert_stderr_mentions("escape-dir");
+    // Into a tree whose subdirectory is a planted symlink: never written through it.
+    let run = cp([tree.as_os_str(), &site.server.url("")]);
+    assert_ne!(run.code, 0, "{run:#?}");
+    assert!(
+        run.stderr.contains("sub"),
+        "the error names the entry: {run:#?}"
+    );
+    // Reading through a symlink is refused too.
+    cp([
+        &site.server.url("escape-dir/precious"),
+        site.path("stolen").as_os_str(),
+    ])
+    .assert_code(8);
+    assert!(!site.path("stolen").exists());
+    // Onto a symlink as the final name: the link itself may be replaced, its target not.
+    let run = cp([file.as_os_str(), &site.server.url("escape-file")]);
+    if run.code == 0 {
+        assert!(fs::symlink_metadata(site.root().join("escape-file"))
+            .unwrap()
+            .is_file());
+    }
+    assert_eq!(snapshot(&out), before, "nothing outside the root changed");
+    assert!(site.server.is_running());
+}
+
+#[test]
+fn symlinks_planted_in_a_pull_destination_are_never_followed() {
+    let site = Site::new();
+    let out = outside(&site);
+    let before = snapshot(&out);
+    fs::create_dir_all(site.root().join("tree/sub")).unwrap();
+    fs::write(site.root().join("tree/sub/precious"), b"server data").unwrap();
+
+    let dest = site.path("dest");
+    fs::create_dir(&dest).unwrap();
+    symlink(&out, dest.join("tree")).unwrap();
+    let run = cp([&site.server.url("tree"), dest.as_os_str()]);
+    assert_ne!(run.code, 0, "{run:#?}");
+    assert_eq!(
+        snapshot(&out),
+        before,
+        "nothing outside the destination changed"
+    );
+
+    let dest2 = site.path("dest2");
+    fs::create_dir_all(dest2.join("tree")).unwrap();
+    symlink(&out, dest2.join("tree/sub")).unwrap();
+    let run = cp([&site.server.url("tree"), dest2.as_os_str()]);
+    assert_ne!(run.code, 0, "{run:#?}");
+    assert_eq!(
+        snapshot(&out),
+        before,
+        "nothing outside the destination changed"
+    );
+}
+
+#[test]
+fn a_symlink_in_the_server_root_is_pulled_as_a_symlink() {
+    let site = Site::new();
+    symlink("/etc", site.root().join("etc-link")).unwrap();
+    let dest = site.path("got");
+    cp([&site.server.url("etc-link"), dest.as_os_str()]).assert_ok();
+    assert_eq!(fs::read_link(&dest).unwrap(), Path::new("/etc"));
+}
+
+#[test]
+fn missing_sources_are_reported() {
+    let site = Site::new();
+    cp([&site.server.url("nope"), site.path("x").as_os_str()])
+        .assert_code(8)
+        .assert_stderr_mentions("nope");
+    cp([site.path("nope").as_os_str(), &site.server.url("x")])
+        .assert_code(7)
+        .assert_stderr_mentions("nope");
+    assert!(snapshot(site.root()).is_empty());
+}

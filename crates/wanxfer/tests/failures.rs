@@ -1,0 +1,228 @@
+//! Failures end to end: a peer that vanishes mid-transfer and a disk that fills up. What
+//! must hold each time: a clear error with the right exit code, the old file (if any)
+//! untouched under its final name, no partial file under a final name, and a server that
+//! goes on serving.
+//!
+//! "Mid-transfer" is made exact without timing: the test waits for the receiver's
+//! temporary file to appear, freezes the side that must not finish (SIGSTOP), kills the
+//! other, and only then lets the frozen one run on.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+const LARGE: u64 = 3 << 30;
+const OLD: &[u8] = b"the previous version, which must survive a failed copy";
+
+struct Site {
+    dir: tempfile::TempDir,
+    server: Server,
+}
+
+impl Site {
+    fn new() -> Site {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("root");
+        fs::create_dir(&root).unwrap();
+        let server = Server::start(&root, &[]);
+        Site { dir, server }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// A large sparse file: cheap to create, and slow enough to send that the test can
+    /// catch the transfer in the middle.
+    fn large_source(&self) -> PathBuf {
+        let src = self.path("large.bin");
+        fs::File::create(&src).unwrap().set_len(LARGE).unwrap();
+        src
+    }
+}
+
+fn any_temp_file(dir: &Path) -> bool {
+    !temp_files(dir).is_empty()
+}
+
+#[test]
+fn server_vanishing_mid_push_is_a_network_error_and_leaves_no_final_name() {
+    let mut site = Site::new();
+    let src = site.large_source();
+    let dest = site.server.root.join("large.bin");
+    fs::write(&dest, OLD).unwrap();
+    let root = site.server.root.clone();
+
+    let client = cp_command([src.as_os_str(), &site.server.url("large.bin")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the server's temporary file",
+        Duration::from_secs(60),
+        || any_temp_file(&root),
+    );
+    signal(client.id() as i32, "STOP");
+    site.server.kill();
+    signal(client.id() as i32, "CONT");
+    let run = finish(client);
+
+    run.assert_code(4);
+    assert!(
+        run.stderr.contains("connection") || run.stderr.contains("peer"),
+        "the error says the peer went away: {run:#?}"
+    );
+    assert_eq!(fs::read(&dest).unwrap(), OLD, "the old file is untouched");
+}
+
+#[test]
+fn server_vanishing_mid_pull_is_a_network_error_and_leaves_nothing_behind() {
+    let mut site = Site::new();
+    fs::File::create(site.server.root.join("large.bin"))
+        .unwrap()
+        .set_len(LARGE)
+        .unwrap();
+    let dest_dir = site.path("dest");
+    fs::create_dir(&dest_dir).unwrap();
+    fs::write(dest_dir.join("large.bin"), OLD).unwrap();
+
+    let client = cp_command([&site.server.url("large.bin"), dest_dir.as_os_str()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the client's temporary file",
+        Duration::from_secs(60),
+        || any_temp_file(&dest_dir),
+    );
+    signal(client.id() as i32, "STOP");
+    site.server.kill();
+    signal(client.id() as i32, "CONT");
+    let run = finish(client);
+
+    run.assert_code(4);
+    assert_eq!(fs::read(dest_dir.join("large.bin")).unwrap(), OLD);
+    assert!(
+        temp_files(&dest_dir).is_empty(),
+        "the client removes its own temporary files on failure"
+    );
+}
+
+#[test]
+fn client_vanishing_mid_push_leaves_the_server_clean_and_serving() {
+    let mut site = Site::new();
+    let src = site.large_source();
+    let root = site.server.root.clone();
+    fs::write(root.join("large.bin"), OLD).unwrap();
+
+    let mut client = cp_command([src.as_os_str(), &site.server.url("large.bin")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the server's temporary file",
+        Duration::from_secs(60),
+        || any_temp_file(&root),
+    );
+    let server_pid = site.server.pid();
+    signal(server_pid, "STOP");
+    client.kill().unwrap();
+    client.wait().unwrap();
+    signal(server_pid, "CONT");
+
+    wait_for(
+        "the server to remove its temporary file",
+        Duration::from_secs(60),
+        || !any_temp_file(&root),
+    );
+    assert_eq!(fs::read(root.join("large.bin")).unwrap(), OLD);
+    assert!(site.server.is_running());
+    let small = site.path("small");
+    fs::write(&small, b"still serving").unwrap();
+    cp([small.as_os_str(), &site.server.url("small")]).assert_ok();
+    assert_eq!(fs::read(root.join("small")).unwrap(), b"still serving");
+    assert!(
+        site.server.log().contains("large.bin") || site.server.log().contains("session"),
+        "the server logs the failed session"
+    );
+}
+
+/// A size-limited tmpfs, unmounted on drop. Needs root; `None` (and a note) otherwise.
+struct SmallDisk {
+    path: PathBuf,
+}
+
+impl SmallDisk {
+    fn mount(path: PathBuf, size: &str) -> Option<SmallDisk> {
+        if !is_root() {
+            eprintln!("skipped: mounting a small tmpfs needs root");
+            return None;
+        }
+        fs::create_dir_all(&path).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&path)
+            .status()
+            .expect("run mount");
+        if !status.success() {
+            eprintln!("skipped: cannot mount a tmpfs here");
+            return None;
+        }
+        Some(SmallDisk { path })
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).status();
+    }
+}
+
+#[test]
+fn a_full_disk_on_the_server_is_reported_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(disk) = SmallDisk::mount(dir.path().join("root"), "8m") else {
+        return;
+    };
+    fs::write(disk.path.join("keep.bin"), OLD).unwrap();
+    let mut server = Server::start(&disk.path, &[]);
+    let src = dir.path().join("src");
+    fs::create_dir(&src).unwrap();
+    write_pattern(&src.join("keep.bin"), 20 << 20, 1);
+    fs::write(src.join("tiny"), b"fits").unwrap();
+
+    let run = cp([src.as_os_str(), &server.url("")]);
+    run.assert_code(8).assert_stderr_mentions("space");
+    assert_eq!(fs::read(disk.path.join("keep.bin")).unwrap(), OLD);
+    assert!(
+        temp_files(&disk.path).is_empty(),
+        "partial files are removed"
+    );
+    assert!(server.is_running());
+}
+
+#[test]
+fn a_full_disk_on_a_pulling_client_is_a_local_error_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    fs::create_dir(&root).unwrap();
+    write_pattern(&root.join("big.bin"), 20 << 20, 2);
+    let server = Server::start(&root, &[]);
+    let Some(disk) = SmallDisk::mount(dir.path().join("dest"), "8m") else {
+        return;
+    };
+    fs::write(disk.path.join("big.bin"), OLD).unwrap();
+
+    let run = cp([&server.url("big.bin"), disk.path.as_os_str()]);
+    run.assert_code(7).assert_stderr_mentions("space");
+    assert_eq!(fs::read(disk.path.join("big.bin")).unwrap(), OLD);
+    assert!(temp_files(&disk.path).is_empty());
+}

@@ -1,0 +1,627 @@
+//! A hostile or broken peer speaking the wire protocol by hand against a real server:
+//! garbage, frames past their limits, paths that escape the root (crafted below the
+//! client's own checks), forged channel proofs, corrupt blocks, and blocks that name
+//! files or ranges never announced. Each must get a clear refusal, write nothing outside
+//! the root (nor a bad file inside it), and leave the server serving.
+
+mod common;
+
+use std::fs;
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+use wanxfer_proto::handshake::{Authenticated, ClientHandshake, Step};
+use wanxfer_proto::{
+    encode_frame, features, BlockHeader, ChannelJoin, ConnectionKind, Direction, Entry, EntryKind,
+    FailureClass, FrameHeader, Manifest, ManifestEnd, Message, OpenSession, Preamble, RelPath,
+    Segment, SessionAccepted, TransportKind,
+};
+
+/// One connection to the server, driven by hand.
+struct RawPeer {
+    stream: TcpStream,
+}
+
+impl RawPeer {
+    fn connect(server: &Server, kind: ConnectionKind) -> RawPeer {
+        let mut stream = TcpStream::connect(&server.addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        stream.write_all(&Preamble::new(kind).encode()).unwrap();
+        RawPeer { stream }
+    }
+
+    fn send(&mut self, msg: &Message) {
+        let mut out = Vec::new();
+        encode_frame(msg, &mut out);
+        self.send_raw(&out);
+    }
+
+    /// Writes bytes; a server that already hung up is fine (that is a refusal too).
+    fn send_raw(&mut self, bytes: &[u8]) {
+        let _ = self.stream.write_all(bytes);
+    }
+
+    /// The next message, or `None` once the server closed the connection. A server that
+    /// says nothing for 30 s fails the test: silence is not a refusal.
+    fn recv(&mut self) -> Option<Message> {
+        let mut header = [0u8; FrameHeader::LEN];
+        self.read_or_close(&mut header)?;
+        let parsed = FrameHeader::decode(&header).expect("the server frames correctly");
+        let mut frame = header.to_vec();
+        frame.resize(FrameHeader::LEN + parsed.len as usize, 0);
+        self.read_or_close(&mut frame[FrameHeader::LEN..])?;
+        Some(wanxfer_proto::decode_frame(&frame).expect("the server's frames decode"))
+    }
+
+    fn read_or_close(&mut self, buf: &mut [u8]) -> Option<()> {
+        match self.stream.read_exact(buf) {
+            Ok(()) => Some(()),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                panic!("the server neither answered nor closed within 30 s")
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Asserts the server refuses: an error frame naming `needle` (if given), or a close.
+    #[track_caller]
+    fn expect_refusal(&mut self, needle: Option<&str>) {
+        match self.recv() {
+            None => {}
+            Some(Message::Error(e)) => {
+                let text = String::from_utf8_lossy(&e.message).into_owned();
+                if let Some(needle) = needle {
+                    assert!(text.contains(needle), "{text:?} should mention {needle:?}");
+                }
+            }
+            Some(other) => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    fn authenticate(server: &Server, secret: &str) -> (RawPeer, Authenticated) {
+        let mut peer = RawPeer::connect(server, ConnectionKind::Control);
+        let mut handshake = ClientHandshake::new(secret.as_bytes(), [7; 32], features::SUPPORTED);
+        peer.send(&handshake.hello());
+        loop {
+            let msg = peer.recv().expect("the server answers the handshake");
+            match handshake.handle(msg).expect("handshake") {
+                Step::Send(reply) => peer.send(&reply),
+                Step::SendAndDone(reply, auth) => {
+                    peer.send(&reply);
+                    return (peer, auth);
+                }
+                Step::Done(auth) => return (peer, auth),
+            }
+        }
+    }
+}
+
+fn push_request(dest: &str) -> OpenSession {
+    OpenSession {
+        direction: Direction::Push,
+        transport: TransportKind::Tcp,
+        paths: vec![RelPath::new(dest.as_bytes()).unwrap()],
+        source_count: 1,
+        streams: 1,
+        block_size: 1 << 20,
+        depth: 2,
+        window: 1024,
+        flags: 0,
+        synthetic_bytes: 0,
+    }
+}
+
+/// Encodes `msg`, swaps the bytes `from` for `to` (same length) in its body, and fixes
+/// the frame checksum: how a hostile peer gets past the encoder's own path checks.
+fn forged_frame(msg: &Message, from: &[u8], to: &[u8]) -> Vec<u8> {
+    assert_eq!(from.len(), to.len());
+    let mut frame = Vec::new();
+    encode_frame(msg, &mut frame);
+    let at = frame
+        .windows(from.len())
+        .position(|w| w == from)
+        .expect("placeholder present");
+    frame[at..at + to.len()].copy_from_slice(to);
+    let crc = crc32c(&frame[FrameHeader::LEN..]);
+    frame[8..12].copy_from_slice(&crc.to_le_bytes());
+    frame
+}
+
+/// CRC-32C (Castagnoli), bitwise: small, and independent of the code under test.
+fn crc32c(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in data {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82f6_3b78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+struct Site {
+    dir: tempfile::TempDir,
+    server: Server,
+}
+
+impl Site {
+    fn new() -> Site {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("root");
+        fs::create_dir(&root).unwrap();
+        let server = Server::start(&root, &[]);
+        Site { dir, server }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// The server is alive, the directory around its root holds only what the test put
+    /// there, and a normal client still gets through.
+    #[track_caller]
+    fn assert_unharmed(&mut self) {
+        assert!(self.server.is_running(), "the server survived");
+        let mut around: Vec<String> = fs::read_dir(self.dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with("serve-"))
+            .collect();
+        around.sort();
+        assert_eq!(around, ["root"], "nothing was written outside the root");
+        assert!(
+            temp_files(&self.server.root).is_empty(),
+            "no partial file left in the root"
+        );
+        let probe = self.path("probe");
+        fs::write(&probe, b"ok").unwrap();
+        cp([probe.as_os_str(), &self.server.url("probe")]).assert_ok();
+        fs::remove_file(&probe).unwrap();
+    }
+
+    fn accepted(&self, peer: &mut RawPeer) -> SessionAccepted {
+        match peer.recv() {
+            Some(Message::SessionAccepted(a)) => a,
+            other => panic!("expected SessionAccepted, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn garbage_and_foreign_protocols_are_turned_away() {
+    let mut site = Site::new();
+    for junk in [
+        &b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+        b"SSH-2.0-OpenSSH_9.2\r\n",
+        &[0xffu8; 64][..],
+        b"",
+    ] {
+        let mut stream = TcpStream::connect(&site.server.addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let _ = stream.write_all(junk);
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let mut reply = Vec::new();
+        let _ = stream.read_to_end(&mut reply);
+        assert!(reply.len() < 4096, "a short refusal at most");
+    }
+    site.assert_unharmed();
+}
+
+#[test]
+fn frames_past_their_limits_or_corrupt_are_refused_before_and_after_auth() {
+    let mut site = Site::new();
+    let mut huge = Vec::new();
+    encode_frame(&Message::Finish, &mut huge);
+    huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+
+    // Before authenticating: nothing but the handshake is accepted.
+    let mut peer = RawPeer::connect(&site.server, ConnectionKind::Control);
+    peer.send(&Message::OpenSession(push_request("before-auth")));
+    peer.expect_refusal(None);
+    let mut peer = RawPeer::connect(&site.server, ConnectionKind::Control);
+    peer.send_raw(&huge);
+    peer.expect_refusal(None);
+
+    // After: an oversized length, a bad checksum, reserved bits, an unknown type.
+    let mut corrupt = Vec::new();
+    encode_frame(&Message::OpenSession(push_request("x")), &mut corrupt);
+    let last = corrupt.len() - 1;
+    corrupt[last] ^= 0x40;
+    let mut reserved = Vec::new();
+    encode_frame(&Message::Finish, &mut reserved);
+    reserved[2] = 1;
+    let mut unknown = Vec::new();
+    encode_frame(&Message::Finish, &mut unknown);
+    unknown[0] = 200;
+    for bad in [&huge, &corrupt, &reserved, &unknown] {
+        let (mut peer, _) = RawPeer::authenticate(&site.server, SECRET);
+        peer.send_raw(bad);
+        peer.expect_refusal(None);
+    }
+    assert!(snapshot(&site.server.root).is_empty());
+    site.assert_unharmed();
+}
+
+#[test]
+fn escaping_destinations_forged_past_the_encoder_are_refused() {
+    let mut site = Site::new();
+    for (placeholder, forged) in [
+        (&b"xx/escape"[..], &b"../escape"[..]),
+        (b"xescape", b"/escape"),
+        (b"a/xx/xx/escape", b"a/../../escape"),
+        (b"nul-xscape", b"nul-\0scape"),
+    ] {
+        let (mut peer, _) = RawPeer::authenticate(&site.server, SECRET);
+        let request = push_request(std::str::from_utf8(placeholder).unwrap());
+        peer.send_raw(&forged_frame(
+            &Message::OpenSession(request),
+            placeholder,
+            forged,
+        ));
+        peer.expect_refusal(None);
+    }
+    site.assert_unharmed();
+}
+
+/// An authenticated push session into the root.
+fn open_push_session(site: &Site) -> (RawPeer, Authenticated, SessionAccepted) {
+    let (mut peer, auth) = RawPeer::authenticate(&site.server, SECRET);
+    peer.send(&Message::OpenSession(push_request("")));
+    let accepted = site.accepted(&mut peer);
+    (peer, auth, accepted)
+}
+
+/// A push session with its data channel joined and `entries` announced and
+/// acknowledged: what an honest sender has before it sends any block.
+fn session_ready_for_blocks(
+    site: &Site,
+    entries: Vec<Entry>,
+) -> (RawPeer, RawPeer, SessionAccepted) {
+    let (mut control, auth, accepted) = open_push_session(site);
+    let data = join_channel(site, &auth, &accepted);
+    let count = entries.len() as u64;
+    let bytes = entries.iter().map(|e| e.size).sum();
+    control.send(&Message::Manifest(Manifest {
+        first_id: 0,
+        entries,
+    }));
+    control.send(&Message::ManifestEnd(ManifestEnd {
+        entries: count,
+        bytes,
+    }));
+    match control.recv() {
+        Some(Message::ManifestAck { through }) if through == count => {}
+        other => panic!("expected ManifestAck, got {other:?}"),
+    }
+    (control, data, accepted)
+}
+
+fn file_entry(path: &str, size: u64) -> Entry {
+    Entry {
+        kind: EntryKind::File,
+        path: RelPath::new(path.as_bytes()).unwrap(),
+        size,
+        mode: 0o644,
+        mtime_sec: 1_600_000_000,
+        mtime_nsec: 0,
+        link_target: Vec::new(),
+    }
+}
+
+#[test]
+fn escaping_manifest_entries_are_refused_naming_the_entry() {
+    let mut site = Site::new();
+    for (placeholder, forged) in [
+        (&b"xx/evil"[..], &b"../evil"[..]),
+        (b"d/xx/xx/evil", b"d/../../evil"),
+        (b"xevil", b"/evil"),
+    ] {
+        let (mut peer, auth, accepted) = open_push_session(&site);
+        let _data = join_channel(&site, &auth, &accepted);
+        let manifest = Message::Manifest(Manifest {
+            first_id: 0,
+            entries: vec![file_entry(std::str::from_utf8(placeholder).unwrap(), 4)],
+        });
+        peer.send_raw(&forged_frame(&manifest, placeholder, forged));
+        match peer.recv() {
+            Some(Message::Error(e)) => {
+                let text = String::from_utf8_lossy(&e.message).into_owned();
+                assert!(text.contains("evil"), "the refusal names the entry: {text}");
+            }
+            other => panic!("expected an error frame, got {other:?}"),
+        }
+    }
+    site.assert_unharmed();
+}
+
+#[test]
+fn forged_channel_proofs_are_refused() {
+    let mut site = Site::new();
+    let (control, auth, accepted) = open_push_session(&site);
+    let proof = auth.channel_proof(&accepted.session_id, 0);
+    let mut wrong_proof = proof;
+    wrong_proof[0] ^= 1;
+    let mut other_session = accepted.session_id;
+    other_session[15] ^= 1;
+    for join in [
+        ChannelJoin {
+            session_id: accepted.session_id,
+            index: 0,
+            proof: wrong_proof,
+        },
+        ChannelJoin {
+            session_id: other_session,
+            index: 0,
+            proof,
+        },
+        ChannelJoin {
+            session_id: accepted.session_id,
+            index: 9,
+            proof: auth.channel_proof(&accepted.session_id, 9),
+        },
+    ] {
+        let mut data = RawPeer::connect(&site.server, ConnectionKind::Data);
+        data.send(&Message::ChannelJoin(join));
+        data.expect_refusal(None);
+    }
+    drop(control);
+    site.assert_unharmed();
+}
+
+/// Joins data channel 0 of `accepted`'s session.
+fn join_channel(site: &Site, auth: &Authenticated, accepted: &SessionAccepted) -> RawPeer {
+    let mut data = RawPeer::connect(&site.server, ConnectionKind::Data);
+    data.send(&Message::ChannelJoin(ChannelJoin {
+        session_id: accepted.session_id,
+        index: 0,
+        proof: auth.channel_proof(&accepted.session_id, 0),
+    }));
+    match data.recv() {
+        Some(Message::ChannelAccepted { index: 0 }) => data,
+        other => panic!("expected ChannelAccepted, got {other:?}"),
+    }
+}
+
+/// A block carrying `payload` as one segment of file 0, with a correct payload CRC unless
+/// `corrupt_after_crc`, which flips a payload bit after the CRC was computed.
+fn block(
+    accepted: &SessionAccepted,
+    seg: Segment,
+    payload: &[u8],
+    corrupt_after_crc: bool,
+) -> Vec<u8> {
+    let header = BlockHeader {
+        flags: BlockHeader::FLAG_PAYLOAD_CRC,
+        segment_count: 1,
+        payload_len: payload.len() as u32,
+        payload_crc: crc32c(payload),
+        session_tag: u64::from_le_bytes(accepted.session_id[..8].try_into().unwrap()),
+        sequence: 0,
+    };
+    let mut out = Vec::new();
+    header.encode(&[seg], &mut out);
+    let start = out.len();
+    out.extend_from_slice(payload);
+    if corrupt_after_crc {
+        out[start] ^= 0x01;
+    }
+    out
+}
+
+fn whole_file_segment(len: u32, digest: [u8; 16]) -> Segment {
+    Segment {
+        file_id: 0,
+        offset: 0,
+        len,
+        flags: Segment::FLAG_LAST,
+        digest,
+    }
+}
+
+#[test]
+fn a_corrupt_block_is_caught_and_never_written() {
+    let mut site = Site::new();
+    let payload = b"good data!";
+    let (mut control, mut data, accepted) =
+        session_ready_for_blocks(&site, vec![file_entry("victim", payload.len() as u64)]);
+    let digest = xxh3_digest_placeholder();
+    data.send_raw(&block(
+        &accepted,
+        whole_file_segment(payload.len() as u32, digest),
+        payload,
+        true,
+    ));
+    let failure = match control.recv() {
+        Some(Message::FileFailed(f)) => f,
+        other => panic!("expected FileFailed, got {other:?}"),
+    };
+    assert_eq!(failure.id, 0);
+    assert_eq!(failure.class, FailureClass::Integrity);
+    assert!(String::from_utf8_lossy(&failure.message).contains("victim"));
+    drop((control, data));
+    assert!(!site.server.root.join("victim").exists());
+    site.assert_unharmed();
+}
+
+/// The digest field is only checked once the file is complete; tests that fail earlier
+/// do not need a real one.
+fn xxh3_digest_placeholder() -> [u8; 16] {
+    [0x5a; 16]
+}
+
+#[test]
+fn a_wrong_file_digest_keeps_the_file_from_its_final_name() {
+    let mut site = Site::new();
+    let payload = b"good data!";
+    let (mut control, mut data, accepted) =
+        session_ready_for_blocks(&site, vec![file_entry("victim", payload.len() as u64)]);
+    data.send_raw(&block(
+        &accepted,
+        whole_file_segment(payload.len() as u32, xxh3_digest_placeholder()),
+        payload,
+        false,
+    ));
+    // A digest mismatch ends the session (the sender read a file that changed, or
+    // memory is bad: either way not something to retry blindly), naming the file.
+    match control.recv() {
+        Some(Message::Error(e)) => {
+            assert_eq!(e.class, FailureClass::Integrity);
+            assert!(String::from_utf8_lossy(&e.message).contains("victim"));
+        }
+        Some(Message::FileFailed(f)) => assert_eq!(f.class, FailureClass::Integrity),
+        other => panic!("expected an integrity failure, got {other:?}"),
+    }
+    drop((control, data));
+    assert!(!site.server.root.join("victim").exists());
+    site.assert_unharmed();
+}
+
+#[test]
+fn blocks_naming_unannounced_files_or_ranges_end_the_session() {
+    let mut site = Site::new();
+    for seg in [
+        // A file id never announced.
+        Segment {
+            file_id: 77,
+            ..whole_file_segment(4, [0; 16])
+        },
+        // Past the announced size.
+        Segment {
+            offset: 2,
+            ..whole_file_segment(4, [0; 16])
+        },
+        // An offset near the end of the address space.
+        Segment {
+            offset: u64::MAX - 8,
+            flags: 0,
+            ..whole_file_segment(4, [0; 16])
+        },
+    ] {
+        let (mut control, mut data, accepted) =
+            session_ready_for_blocks(&site, vec![file_entry("f", 4)]);
+        data.send_raw(&block(&accepted, seg, b"abcd", false));
+        match control.recv() {
+            None | Some(Message::Error(_)) | Some(Message::FileFailed(_)) => {}
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert!(!site.server.root.join("f").exists());
+    }
+    site.assert_unharmed();
+}
+
+#[test]
+fn a_block_larger_than_agreed_is_refused_before_it_is_read() {
+    let mut site = Site::new();
+    let (mut control, mut data, accepted) =
+        session_ready_for_blocks(&site, vec![file_entry("f", 4)]);
+    let mut bytes = block(&accepted, whole_file_segment(4, [0; 16]), b"abcd", false);
+    // Claim a 64 MiB payload (the protocol ceiling, past the agreed 1 MiB) and send no
+    // more: the server must refuse from the header alone.
+    bytes[8..12].copy_from_slice(&(64u32 << 20).to_le_bytes());
+    data.send_raw(&bytes);
+    match control.recv() {
+        None | Some(Message::Error(_)) => {}
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    site.assert_unharmed();
+}
+
+/// A hand-driven server for one pull: it authenticates the client properly, accepts its
+/// session and data channels, then announces `entries` (as a frame forged by `forge`).
+fn rogue_server(entries: Vec<Entry>, forge: Option<(&'static [u8], &'static [u8])>) -> String {
+    use std::net::TcpListener;
+    use wanxfer_proto::handshake::ServerHandshake;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let accept = |kind: ConnectionKind| {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut preamble = [0u8; Preamble::LEN];
+            stream.read_exact(&mut preamble).unwrap();
+            assert_eq!(Preamble::decode(&preamble).unwrap().kind, kind);
+            RawPeer { stream }
+        };
+        let mut control = accept(ConnectionKind::Control);
+        let mut handshake = ServerHandshake::new(SECRET.as_bytes(), [9; 32], features::SUPPORTED);
+        let auth = loop {
+            match handshake.handle(control.recv().unwrap()).unwrap() {
+                Step::Send(reply) => control.send(&reply),
+                Step::SendAndDone(reply, auth) => {
+                    control.send(&reply);
+                    break auth;
+                }
+                Step::Done(auth) => break auth,
+            }
+        };
+        let Some(Message::OpenSession(open)) = control.recv() else {
+            panic!("expected OpenSession");
+        };
+        let session_id = [3u8; 16];
+        control.send(&Message::SessionAccepted(SessionAccepted {
+            session_id,
+            streams: 1,
+            block_size: open.block_size,
+            depth: open.depth,
+            window: open.window,
+            flags: open.flags,
+        }));
+        let mut data = accept(ConnectionKind::Data);
+        let Some(Message::ChannelJoin(join)) = data.recv() else {
+            panic!("expected ChannelJoin");
+        };
+        assert!(auth.verify_channel(&session_id, join.index, &join.proof));
+        data.send(&Message::ChannelAccepted { index: join.index });
+        let manifest = Message::Manifest(Manifest {
+            first_id: 0,
+            entries,
+        });
+        match forge {
+            Some((from, to)) => control.send_raw(&forged_frame(&manifest, from, to)),
+            None => control.send(&manifest),
+        }
+        // Hold the connections until the client hangs up.
+        let _ = control.recv();
+        drop(data);
+    });
+    addr
+}
+
+#[test]
+fn a_pulling_client_accepts_only_what_it_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    for (entries, forge, needle) in [
+        (vec![file_entry("unasked", 4)], None, "unasked"),
+        (
+            vec![file_entry("wanted/xx/xx/evil", 4)],
+            Some((&b"wanted/xx/xx/evil"[..], &b"wanted/../../evil"[..])),
+            "evil",
+        ),
+        (
+            vec![file_entry("xevil", 4)],
+            Some((&b"xevil"[..], &b"/evil"[..])),
+            "evil",
+        ),
+    ] {
+        let addr = rogue_server(entries, forge);
+        let run = cp([
+            format!("wanxfer://{addr}/wanted"),
+            dest.to_str().unwrap().to_string(),
+        ]);
+        assert_ne!(run.code, 0, "{run:#?}");
+        run.assert_stderr_mentions(needle);
+        assert!(snapshot(dir.path()).keys().all(|k| k == b"dest"));
+    }
+}
