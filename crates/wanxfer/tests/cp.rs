@@ -178,6 +178,11 @@ fn a_large_file_goes_both_ways_intact() {
     let back = site.path("back.bin");
     cp([&site.server.url("big.bin"), back.as_os_str()]).assert_ok();
     assert_eq!(node(&src), node(&back));
+
+    // Blocks stream through a bounded pool: the file never sits in memory whole.
+    let peak_kib = peak_rss_kib(site.server.pid());
+    eprintln!("server peak RSS: {peak_kib} KiB");
+    assert!(peak_kib < 150 * 1024, "server peak RSS {peak_kib} KiB");
 }
 
 #[test]
@@ -206,6 +211,25 @@ fn twenty_thousand_small_files_push_and_pull() {
     let back = site.path("back");
     cp([&site.server.url("small"), back.as_os_str()]).assert_ok();
     assert_same_tree(&src, &back, false);
+
+    // The server's memory is its block pool plus bookkeeping, whatever the file count:
+    // the default pool is a few dozen 4 MiB blocks.
+    let peak_kib = peak_rss_kib(site.server.pid());
+    eprintln!("server peak RSS: {peak_kib} KiB");
+    assert!(
+        peak_kib < 256 * 1024,
+        "server peak RSS {peak_kib} KiB after 20,000 files each way"
+    );
+}
+
+/// A process's peak resident set (VmHWM), in KiB.
+fn peak_rss_kib(pid: i32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status")
 }
 
 fn pattern_bytes(len: usize, seed: usize) -> Vec<u8> {
@@ -463,4 +487,99 @@ fn missing_sources_are_reported() {
         .assert_code(7)
         .assert_stderr_mentions("nope");
     assert!(snapshot(site.root()).is_empty());
+}
+
+#[test]
+fn a_missing_secret_file_is_created_private_and_named() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    fs::create_dir(&root).unwrap();
+    let secret = dir.path().join("new.secret");
+    let mut child = Command::new(wanxfer_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--root"])
+        .arg(&root)
+        .arg("--secret-file")
+        .arg(&secret)
+        .env_remove("WANXFER_SECRET")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let addr = line.trim().rsplit(" on ").next().unwrap().to_string();
+    let meta = fs::metadata(&secret).expect("the secret file was created");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert!(meta.len() >= 32, "a real secret, not an empty file");
+
+    let src = dir.path().join("f");
+    fs::write(&src, b"authenticated by file").unwrap();
+    let run = Command::new(wanxfer_bin())
+        .args(["cp", "--quiet", "--secret-file"])
+        .arg(&secret)
+        .arg(&src)
+        .arg(format!("wanxfer://{addr}/f"))
+        .env_remove("WANXFER_SECRET")
+        .output()
+        .unwrap();
+    let _ = child.kill();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(run.status.success(), "{run:?}");
+    assert_eq!(fs::read(root.join("f")).unwrap(), b"authenticated by file");
+    assert!(
+        stderr.contains(secret.to_str().unwrap()),
+        "the server names the file it created: {stderr}"
+    );
+}
+
+#[test]
+fn help_documents_the_exit_codes() {
+    for args in [&["--help"][..], &["cp", "--help"], &["serve", "--help"]] {
+        let out = std::process::Command::new(wanxfer_bin())
+            .args(args)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        for needle in [
+            "Exit codes",
+            "3  authentication",
+            "6  integrity",
+            "7  local I/O",
+        ] {
+            assert!(text.contains(needle), "{args:?} --help lacks {needle:?}");
+        }
+    }
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    cp(["only-one-path"]).assert_code(2);
+    cp([
+        "--bytes",
+        "1GiB",
+        "/etc/hostname",
+        "wanxfer://127.0.0.1:1/dev/null",
+    ])
+    .assert_code(2);
+    cp(["--block-size", "1K", "a", "wanxfer://127.0.0.1:1/x"]).assert_code(2);
+    cp(["a", "b"])
+        .assert_code(2)
+        .assert_stderr_mentions("wanxfer://");
+}
+
+#[test]
+fn an_unreachable_server_is_a_network_error() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let src = tempfile::NamedTempFile::new().unwrap();
+    cp([
+        src.path().as_os_str(),
+        OsStr::new(&format!("wanxfer://{addr}/x")),
+    ])
+    .assert_code(4);
 }
