@@ -70,6 +70,10 @@ impl BlockBuf {
     pub fn capacity(&self) -> usize {
         self.data.len()
     }
+    /// The whole buffer, for registering it with an RDMA transport.
+    pub fn storage(&self) -> &[u8] {
+        &self.data
+    }
     /// The whole buffer, for filling; set `len` afterwards.
     pub fn space(&mut self) -> &mut [u8] {
         &mut self.data

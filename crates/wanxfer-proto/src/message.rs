@@ -276,6 +276,21 @@ pub struct ChannelJoin {
     pub proof: [u8; 32],
 }
 
+/// Where a fabric (libfabric) session's data channels connect, and what the server's
+/// libfabric discovery chose there; sent right after [`SessionAccepted`] when the client
+/// asked for [`TransportKind::Fabric`]. The address is the control connection's, so only
+/// the port travels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FabricEndpoint {
+    pub port: u16,
+    pub provider: Vec<u8>,
+    pub fabric: Vec<u8>,
+    pub domain: Vec<u8>,
+}
+
+/// Longest provider, fabric or domain name in [`FabricEndpoint`].
+pub const MAX_FABRIC_NAME_BYTES: usize = 256;
+
 /// A side's resource use for one session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Stats {
@@ -318,6 +333,7 @@ pub enum Message {
     ChannelAccepted {
         index: u16,
     },
+    FabricEndpoint(FabricEndpoint),
 }
 
 impl Message {
@@ -339,6 +355,7 @@ impl Message {
             Message::Finish => 14,
             Message::Stats(_) => 15,
             Message::ChannelAccepted { .. } => 16,
+            Message::FabricEndpoint(_) => 17,
         }
     }
 
@@ -410,6 +427,12 @@ impl Message {
                 e.u64(s.files);
             }
             Message::ChannelAccepted { index } => e.u16(*index),
+            Message::FabricEndpoint(f) => {
+                e.u16(f.port);
+                e.bytes(&f.provider);
+                e.bytes(&f.fabric);
+                e.bytes(&f.domain);
+            }
         }
     }
 
@@ -491,6 +514,12 @@ impl Message {
                 files: d.u64()?,
             }),
             16 => Message::ChannelAccepted { index: d.u16()? },
+            17 => Message::FabricEndpoint(FabricEndpoint {
+                port: d.u16()?,
+                provider: d.bytes("provider", MAX_FABRIC_NAME_BYTES)?.to_vec(),
+                fabric: d.bytes("fabric", MAX_FABRIC_NAME_BYTES)?.to_vec(),
+                domain: d.bytes("domain", MAX_FABRIC_NAME_BYTES)?.to_vec(),
+            }),
             other => {
                 return Err(DecodeError::Unknown {
                     what: "message type",

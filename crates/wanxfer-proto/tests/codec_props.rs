@@ -185,6 +185,21 @@ fn message() -> impl Strategy<Value = Message> {
                 files: d,
             })
         }),
+        any::<u16>().prop_map(|index| Message::ChannelAccepted { index }),
+        (
+            any::<u16>(),
+            "[a-z;_]{0,20}",
+            "[a-z0-9./]{0,30}",
+            "[a-z0-9_]{0,20}"
+        )
+            .prop_map(|(port, provider, fabric, domain)| {
+                Message::FabricEndpoint(FabricEndpoint {
+                    port,
+                    provider: provider.into_bytes(),
+                    fabric: fabric.into_bytes(),
+                    domain: domain.into_bytes(),
+                })
+            }),
     ]
 }
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use wanxfer_engine::session::{ClientConfig, ClientJob, PullDest, ServerLimits, Tuning};
+use wanxfer_engine::session::{ClientConfig, ClientJob, PullDest, ServerLimits, Transport, Tuning};
 use wanxfer_engine::source::{IoMode, Source};
 use wanxfer_engine::Error;
 use wanxfer_proto::RelPath;
@@ -81,6 +81,44 @@ pub struct ServeArgs {
     /// How pulls send file bytes.
     #[arg(long, value_enum, default_value = "auto")]
     pub io: IoArg,
+    /// `--transport fabric` offers libfabric channels as well as TCP.
+    #[command(flatten)]
+    pub transport: TransportArgs,
+}
+
+/// Which data channels to use (cp, bench) or offer (serve).
+#[derive(Debug, Clone, Args)]
+pub struct TransportArgs {
+    /// Data channels: parallel TCP streams, or libfabric endpoints moving blocks by RDMA
+    /// write (RoCE, InfiniBand, iWARP through `verbs`; the `tcp` provider anywhere).
+    #[arg(long, value_enum, default_value = "tcp")]
+    pub transport: TransportArg,
+    /// libfabric provider for --transport fabric (`fi_info -l` lists this machine's);
+    /// never silently replaced by another.
+    #[arg(long, default_value = "tcp")]
+    pub provider: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TransportArg {
+    Tcp,
+    Fabric,
+}
+
+impl TransportArgs {
+    pub fn transport(&self) -> Transport {
+        match self.transport {
+            TransportArg::Tcp => Transport::Tcp,
+            TransportArg::Fabric => Transport::Fabric {
+                provider: self.provider.clone(),
+            },
+        }
+    }
+
+    /// The provider a server offers, if it offers fabric at all.
+    pub fn offered_provider(&self) -> Option<String> {
+        (self.transport == TransportArg::Fabric).then(|| self.provider.clone())
+    }
 }
 
 impl ServeArgs {
@@ -93,6 +131,7 @@ impl ServeArgs {
             readers: self.readers.max(1),
             writers: self.writers.max(1),
             io: self.io.mode(),
+            fabric_provider: self.transport.offered_provider(),
             ..ServerLimits::default()
         }
     }
@@ -145,6 +184,8 @@ pub struct CpArgs {
     /// How file bytes are sent when pushing.
     #[arg(long, value_enum, default_value = "auto")]
     pub io: IoArg,
+    #[command(flatten)]
+    pub transport: TransportArgs,
 }
 
 /// How file bytes are sent.
@@ -196,6 +237,7 @@ impl CpArgs {
             block_crc: !self.no_block_checksum,
             file_digest: !self.no_file_digest,
             io: self.io.mode(),
+            transport: self.transport.transport(),
             ..Tuning::default()
         }
     }

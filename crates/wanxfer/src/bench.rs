@@ -52,6 +52,8 @@ pub struct BenchArgs {
     /// Shared secret file (else WANXFER_SECRET; a local server gets a random one).
     #[arg(long)]
     pub secret_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub transport: crate::args::TransportArgs,
 }
 
 #[derive(Debug, Serialize, Clone)]
@@ -76,7 +78,7 @@ struct LocalServer {
 }
 
 impl LocalServer {
-    fn start(secret: &[u8]) -> Result<LocalServer, Error> {
+    fn start(secret: &[u8], transport: &crate::args::TransportArgs) -> Result<LocalServer, Error> {
         let root =
             tempfile::tempdir().map_err(|e| Error::local("create", "a temporary root", e))?;
         let exe =
@@ -84,6 +86,19 @@ impl LocalServer {
         let mut child = Command::new(exe)
             .args(["serve", "--listen", "127.0.0.1:0", "--root"])
             .arg(root.path())
+            .args(
+                transport
+                    .offered_provider()
+                    .map(|p| {
+                        vec![
+                            "--transport".to_string(),
+                            "fabric".into(),
+                            "--provider".into(),
+                            p,
+                        ]
+                    })
+                    .unwrap_or_default(),
+            )
             .env(
                 "WANXFER_SECRET",
                 <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(secret),
@@ -128,7 +143,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
         ),
         None => {
             let secret = crate::secret::generate()?.into_bytes();
-            let server = LocalServer::start(&secret)?;
+            let server = LocalServer::start(&secret, &args.transport)?;
             (secret, Some(server))
         }
     };
@@ -159,15 +174,15 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
         for &streams in &args.streams {
             for &block in &args.block_sizes {
                 for &depth in &args.depths {
-                    let p = measure(
-                        &addr,
-                        &secret,
-                        args.bytes,
+                    let tuning = Tuning {
                         streams,
-                        block as u32,
+                        block_size: block as u32,
                         depth,
-                        crc,
-                    )?;
+                        block_crc: crc,
+                        transport: args.transport.transport(),
+                        ..Tuning::default()
+                    };
+                    let p = measure(&addr, &secret, args.bytes, tuning)?;
                     println!(
                         "{:>7} {:>10} {:>5} {:>5} {:>10.2} {:>9.0} {:>9.0} {:>11.3} {:>11.3}",
                         p.streams,
@@ -196,25 +211,11 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
     Ok(())
 }
 
-fn measure(
-    addr: &str,
-    secret: &[u8],
-    bytes: u64,
-    streams: u16,
-    block_size: u32,
-    depth: u16,
-    block_crc: bool,
-) -> Result<Point, Error> {
+fn measure(addr: &str, secret: &[u8], bytes: u64, tuning: Tuning) -> Result<Point, Error> {
     let cfg = ClientConfig {
         server: addr.to_string(),
         secret: secret.to_vec(),
-        tuning: Tuning {
-            streams,
-            block_size,
-            depth,
-            block_crc,
-            ..Tuning::default()
-        },
+        tuning,
         connect_timeout: Duration::from_secs(10),
     };
     let job = ClientJob::Push {

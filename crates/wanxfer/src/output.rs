@@ -70,6 +70,13 @@ struct JsonReport<'a> {
     block_size: u32,
     depth: u16,
     transport: &'a str,
+    /// Fabric sessions: what libfabric discovery chose here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fabric_provider: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fabric_fabric: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fabric_domain: Option<&'a str>,
     io: &'a str,
     block_checksum: bool,
     file_digest: bool,
@@ -100,6 +107,9 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool) {
             block_size: report.block_size,
             depth: report.depth,
             transport: report.transport,
+            fabric_provider: report.fabric.as_ref().map(|f| f.provider.as_str()),
+            fabric_fabric: report.fabric.as_ref().map(|f| f.fabric.as_str()),
+            fabric_domain: report.fabric.as_ref().map(|f| f.domain.as_str()),
             io: report.io,
             block_checksum: tuning.block_crc,
             file_digest: tuning.file_digest,

@@ -19,24 +19,11 @@ use common::*;
 const LARGE: u64 = 3 << 30;
 const OLD: &[u8] = b"the previous version, which must survive a failed copy";
 
-struct Site {
-    dir: tempfile::TempDir,
-    server: Server,
+trait LargeSource {
+    fn large_source(&self) -> PathBuf;
 }
 
-impl Site {
-    fn new() -> Site {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let root = dir.path().join("root");
-        fs::create_dir(&root).unwrap();
-        let server = Server::start(&root, &[]);
-        Site { dir, server }
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-
+impl LargeSource for Site {
     /// A large sparse file: cheap to create, and slow enough to send that the test can
     /// catch the transfer in the middle.
     fn large_source(&self) -> PathBuf {

@@ -9,7 +9,6 @@ mod common;
 use std::fs;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
@@ -148,24 +147,13 @@ fn crc32c(data: &[u8]) -> u32 {
     !crc
 }
 
-struct Site {
-    dir: tempfile::TempDir,
-    server: Server,
+/// Checks that only a hostile peer needs.
+trait Unharmed {
+    fn assert_unharmed(&mut self);
+    fn accepted(&self, peer: &mut RawPeer) -> SessionAccepted;
 }
 
-impl Site {
-    fn new() -> Site {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let root = dir.path().join("root");
-        fs::create_dir(&root).unwrap();
-        let server = Server::start(&root, &[]);
-        Site { dir, server }
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-
+impl Unharmed for Site {
     /// The server is alive, the directory around its root holds only what the test put
     /// there, and a normal client still gets through.
     #[track_caller]

@@ -1,6 +1,6 @@
 //! The client side of a session: connect, authenticate, ask, open channels, run a role.
 
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,11 +13,13 @@ use wanxfer_proto::{
 
 use super::control::{read_message, send_preamble, spawn_reader, tune_socket, Control};
 use super::driver::{run_receiver, run_sender, Core, Outcome};
-use super::{random, Params, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
+use super::{random, Params, Transport, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
 use crate::fs::{Kind, Root};
 use crate::progress::{process_cpu, CpuMeter, CpuTime, Progress};
 use crate::sink::{Placement, Sink, SinkLimits};
+use crate::source::IoMode;
 use crate::source::{Source, SYNTHETIC_NAME};
+use crate::transport::fabric::{self, FabricNames, SlotPlan};
 use crate::Error;
 
 /// Where and how to connect.
@@ -63,6 +65,8 @@ pub struct Report {
     pub block_size: u32,
     pub depth: u16,
     pub transport: &'static str,
+    /// Fabric sessions: what libfabric discovery chose on this side.
+    pub fabric: Option<FabricNames>,
     /// How this side sent file bytes (meaningful when it sent).
     pub io: &'static str,
     pub skipped: Vec<String>,
@@ -93,7 +97,11 @@ pub fn run_client(
             ))
         }
     };
-    let params = Params::from_accepted(
+    let endpoint = match &cfg.tuning.transport {
+        Transport::Tcp => None,
+        Transport::Fabric { provider } => Some(read_fabric_endpoint(&mut stream, cfg, provider)?),
+    };
+    let mut params = Params::from_accepted(
         &accepted,
         cfg.tuning.readers,
         cfg.tuning.writers,
@@ -102,6 +110,29 @@ pub fn run_client(
     let channels = (0..accepted.streams)
         .map(|i| open_channel(cfg, &auth, &accepted, i))
         .collect::<Result<Vec<_>, _>>()?;
+    let fabric_channels = match (&endpoint, &cfg.tuning.transport) {
+        (Some(port), Transport::Fabric { provider }) => {
+            // RDMA writes go from pool buffers: file bytes must be read into them.
+            params.io = IoMode::Copy;
+            let addr = SocketAddr::new(
+                stream
+                    .peer_addr()
+                    .map_err(|e| Error::network("reading the address of", &cfg.server, e))?
+                    .ip(),
+                *port,
+            );
+            fabric::connect_channels(
+                provider,
+                addr,
+                SlotPlan::new(params.block_size, params.depth),
+                &auth,
+                &accepted.session_id,
+                accepted.streams,
+            )?
+        }
+        _ => Vec::new(),
+    };
+    let fabric_names = fabric_channels.first().map(fabric::names);
     let _ = stream.set_read_timeout(None);
     let (incoming, reader) = spawn_reader(&stream, cfg.server.clone())?;
     let mut core = Core::new(
@@ -112,6 +143,7 @@ pub fn run_client(
         progress.clone(),
         Arc::new(CpuMeter::default()),
     );
+    core.fabric = fabric_channels;
     let outcome = run_role(&mut core, job, &params, &cfg.server);
     let finished = outcome.and_then(|outcome| finish(&mut core).map(|stats| (outcome, stats)));
     let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -134,7 +166,8 @@ pub fn run_client(
         streams: params.streams,
         block_size: params.block_size,
         depth: params.depth,
-        transport: "tcp",
+        transport: cfg.tuning.transport.name(),
+        fabric: fabric_names,
         io: params.io.name(),
         skipped: outcome.skipped,
     };
@@ -145,6 +178,34 @@ pub fn run_client(
             first: Box::new(first),
         }),
     }
+}
+
+/// The server's answer to a fabric request: the port of its listener, after checking it
+/// runs the provider we asked for (never another one).
+fn read_fabric_endpoint(
+    stream: &mut TcpStream,
+    cfg: &ClientConfig,
+    provider: &str,
+) -> Result<u16, Error> {
+    let endpoint = match read_message(stream, &cfg.server)? {
+        Message::FabricEndpoint(f) => f,
+        Message::Error(e) => return Err(Error::remote(&cfg.server, &e)),
+        other => {
+            return Err(Error::protocol(
+                &cfg.server,
+                format!("expected the fabric endpoint, got {other:?}"),
+            ))
+        }
+    };
+    let theirs = String::from_utf8_lossy(&endpoint.provider);
+    // Providers come layered ("verbs;ofi_rxm"): the first name is the one asked for.
+    if theirs.split(';').next() != Some(provider) {
+        return Err(Error::Usage(format!(
+            "asked for libfabric provider {provider}, but {} offers {theirs}",
+            cfg.server
+        )));
+    }
+    Ok(endpoint.port)
 }
 
 /// How long the server may take to answer during setup before we give up on it.
@@ -232,7 +293,10 @@ fn open_request(job: &ClientJob, tuning: &Tuning) -> OpenSession {
     };
     OpenSession {
         direction,
-        transport: TransportKind::Tcp,
+        transport: match tuning.transport {
+            Transport::Tcp => TransportKind::Tcp,
+            Transport::Fabric { .. } => TransportKind::Fabric,
+        },
         paths,
         source_count,
         streams: tuning.streams,

@@ -29,6 +29,7 @@ use crate::sink::{Resolution, Sink};
 use crate::source::{
     run_reader, Plan, Planner, ReadFailure, ReaderConfig, ReaderShared, Source, Walker,
 };
+use crate::transport::fabric::{self, RecvLimits, SlotPlan};
 use crate::transport::{pump_in, pump_out, TcpChannel};
 use crate::Error;
 
@@ -84,6 +85,9 @@ pub struct Core {
     pub control: Control,
     pub incoming: Incoming,
     pub channels: Vec<TcpStream>,
+    /// Fabric sessions: the libfabric channel beside each TCP data connection, which
+    /// then only binds it to the session. Empty for TCP sessions.
+    pub fabric: Vec<wanxfer_fabric::Channel>,
     pub params: Params,
     pub progress: Arc<Progress>,
     pub cancel: Cancel,
@@ -105,6 +109,7 @@ impl Core {
             control,
             incoming,
             channels,
+            fabric: Vec::new(),
             params,
             progress,
             cancel: Cancel::default(),
@@ -151,6 +156,69 @@ impl Core {
             self.params.block_size as usize,
             self.params.session_tag,
         ))
+    }
+
+    /// One pump thread per channel sending queued blocks.
+    fn spawn_senders(&mut self, queue: &Receiver<Block>) -> Result<(), Error> {
+        if !self.fabric.is_empty() {
+            let plan = SlotPlan::new(self.params.block_size, self.params.depth);
+            for (i, channel) in std::mem::take(&mut self.fabric).into_iter().enumerate() {
+                let (queue, cancel, progress) =
+                    (queue.clone(), self.cancel.clone(), self.progress.clone());
+                let peer = self.peer().to_string();
+                self.spawn(&format!("fsend{i}"), move || {
+                    fabric::send_blocks(channel, plan, &queue, &cancel, &progress, &peer)
+                });
+            }
+            return Ok(());
+        }
+        for i in 0..self.channels.len() {
+            let mut channel = self.channel(&self.channels[i])?;
+            let (queue, cancel, progress) =
+                (queue.clone(), self.cancel.clone(), self.progress.clone());
+            self.spawn(&format!("send{i}"), move || {
+                pump_out(&mut channel, &queue, &cancel, &progress)
+            });
+        }
+        Ok(())
+    }
+
+    /// One pump thread per channel receiving blocks into the writers' queue.
+    fn spawn_receivers(&mut self, pool: &Pool, out: &Sender<Block>) -> Result<(), Error> {
+        if !self.fabric.is_empty() {
+            let plan = SlotPlan::new(self.params.block_size, self.params.depth);
+            for (i, channel) in std::mem::take(&mut self.fabric).into_iter().enumerate() {
+                let (pool, out, cancel, progress) = (
+                    pool.clone(),
+                    out.clone(),
+                    self.cancel.clone(),
+                    self.progress.clone(),
+                );
+                let limits = RecvLimits {
+                    plan,
+                    session_tag: self.params.session_tag,
+                    max_payload: self.params.block_size as usize,
+                };
+                let peer = self.peer().to_string();
+                self.spawn(&format!("frecv{i}"), move || {
+                    fabric::recv_blocks(channel, &limits, &pool, &out, &cancel, &progress, &peer)
+                });
+            }
+            return Ok(());
+        }
+        for i in 0..self.channels.len() {
+            let mut channel = self.channel(&self.channels[i])?;
+            let (pool, out, cancel, progress) = (
+                pool.clone(),
+                out.clone(),
+                self.cancel.clone(),
+                self.progress.clone(),
+            );
+            self.spawn(&format!("recv{i}"), move || {
+                pump_in(&mut channel, &pool, &out, &cancel, &progress)
+            });
+        }
+        Ok(())
     }
 
     /// Joins every worker. Call after the queues they feed have closed or after cancel.
@@ -259,17 +327,7 @@ fn sender_loop(core: &mut Core, source: &Source) -> Result<Outcome, Error> {
         });
     }
     drop((plans_rx, blocks_tx, fail_tx));
-    for i in 0..core.channels.len() {
-        let mut channel = core.channel(&core.channels[i])?;
-        let (queue, cancel, progress) = (
-            blocks_rx.clone(),
-            core.cancel.clone(),
-            core.progress.clone(),
-        );
-        core.spawn(&format!("send{i}"), move || {
-            pump_out(&mut channel, &queue, &cancel, &progress)
-        });
-    }
+    core.spawn_senders(&blocks_rx)?;
     drop(blocks_rx);
 
     let mut st = SenderState {
@@ -466,18 +524,7 @@ fn receiver_loop(core: &mut Core, sink: &Arc<Sink>) -> Result<Outcome, Error> {
     let pool = Pool::new(params.pool_blocks(), params.block_size as usize);
     let (blocks_tx, blocks_rx) = crossbeam_channel::bounded::<Block>(params.pool_blocks());
     let (res_tx, res_rx) = crossbeam_channel::unbounded::<Resolution>();
-    for i in 0..core.channels.len() {
-        let mut channel = core.channel(&core.channels[i])?;
-        let (pool, out, cancel, progress) = (
-            pool.clone(),
-            blocks_tx.clone(),
-            core.cancel.clone(),
-            core.progress.clone(),
-        );
-        core.spawn(&format!("recv{i}"), move || {
-            pump_in(&mut channel, &pool, &out, &cancel, &progress)
-        });
-    }
+    core.spawn_receivers(&pool, &blocks_tx)?;
     drop(blocks_tx);
     for i in 0..params.writers {
         let (queue, sink, results, cancel) = (

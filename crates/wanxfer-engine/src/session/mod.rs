@@ -17,6 +17,26 @@ pub use server::{Server, ServerLimits};
 
 use crate::source::IoMode;
 
+/// How data channels move blocks, as the client asks for it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// Parallel TCP streams.
+    #[default]
+    Tcp,
+    /// libfabric endpoints of this provider (`tcp`, `verbs`, ...), RDMA writes into
+    /// slots the receiver grants. Never falls back to TCP.
+    Fabric { provider: String },
+}
+
+impl Transport {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Fabric { .. } => "fabric",
+        }
+    }
+}
+
 /// What a user may tune; the server clamps every value to its own limits.
 #[derive(Debug, Clone)]
 pub struct Tuning {
@@ -36,6 +56,7 @@ pub struct Tuning {
     pub file_digest: bool,
     /// How this side sends file bytes (local, never negotiated).
     pub io: IoMode,
+    pub transport: Transport,
 }
 
 impl Default for Tuning {
@@ -50,6 +71,7 @@ impl Default for Tuning {
             block_crc: true,
             file_digest: true,
             io: IoMode::Sendfile,
+            transport: Transport::Tcp,
         }
     }
 }

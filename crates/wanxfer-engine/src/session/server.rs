@@ -16,8 +16,8 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 use wanxfer_proto::handshake::{Authenticated, ServerHandshake, Step};
 use wanxfer_proto::{
-    features, session_flags, ConnectionKind, Direction, ErrorMsg, FailureClass, Message,
-    OpenSession, SessionAccepted, Stats, TransportKind, MAX_BLOCK_PAYLOAD,
+    features, session_flags, ConnectionKind, Direction, ErrorMsg, FabricEndpoint, FailureClass,
+    Message, OpenSession, SessionAccepted, Stats, TransportKind, MAX_BLOCK_PAYLOAD,
 };
 
 use super::control::{read_message, read_preamble, spawn_reader, tune_socket, Control};
@@ -28,6 +28,7 @@ use crate::pool::Cancel;
 use crate::progress::{CpuMeter, Progress};
 use crate::sink::{Placement, Sink, SinkLimits};
 use crate::source::Source;
+use crate::transport::fabric::{self, SlotPlan};
 use crate::Error;
 
 /// The server's own bounds; a client's request is clamped to them.
@@ -50,6 +51,9 @@ pub struct ServerLimits {
     pub max_pool_bytes: usize,
     /// How pulls send file bytes.
     pub io: crate::source::IoMode,
+    /// The libfabric provider offered to clients asking for the fabric transport; `None`
+    /// offers TCP only.
+    pub fabric_provider: Option<String>,
 }
 
 impl Default for ServerLimits {
@@ -67,6 +71,7 @@ impl Default for ServerLimits {
             handshake_timeout: Duration::from_secs(30),
             max_pool_bytes: 512 << 20,
             io: crate::source::IoMode::Sendfile,
+            fabric_provider: None,
         }
     }
 }
@@ -294,9 +299,13 @@ impl Connection {
             }
         };
         let session_id: [u8; 16] = random()?;
-        let (accepted, params) = self.clamp(&request, &session_id);
-        let role = match self.prepare_role(&request, &params) {
-            Ok(role) => role,
+        let (accepted, mut params) = self.clamp(&request, &session_id);
+        let prepared = self.prepare_role(&request, &params).and_then(|role| {
+            let listener = self.fabric_listener(&request, &stream)?;
+            Ok((role, listener))
+        });
+        let (role, mut fabric) = match prepared {
+            Ok(prepared) => prepared,
             Err(e) => {
                 let _ = control.send(&Message::Error(ErrorMsg::new(
                     e.wire_class(),
@@ -305,6 +314,10 @@ impl Connection {
                 return Err(e);
             }
         };
+        if fabric.is_some() {
+            // RDMA writes go from pool buffers: file bytes must be read into them.
+            params.io = crate::source::IoMode::Copy;
+        }
         let (joins_tx, joins_rx) = crossbeam_channel::bounded(usize::from(params.streams));
         self.registry
             .sessions
@@ -313,13 +326,31 @@ impl Connection {
             .insert(session_id, (auth, params.streams, joins_tx));
         let channels = control
             .send(&Message::SessionAccepted(accepted))
+            .and_then(|()| match &fabric {
+                Some((_, endpoint)) => control.send(&Message::FabricEndpoint(endpoint.clone())),
+                None => Ok(()),
+            })
             .and_then(|()| self.collect_channels(&joins_rx, params.streams));
-        self.registry
+        let auth = self
+            .registry
             .sessions
             .lock()
             .expect("no panics while held")
-            .remove(&session_id);
+            .remove(&session_id)
+            .map(|(auth, _, _)| auth);
         let channels = channels?;
+        let fabric_channels = match (&mut fabric, auth) {
+            (Some((listener, _)), Some(auth)) => fabric::accept_channels(
+                listener,
+                SlotPlan::new(params.block_size, params.depth),
+                &auth,
+                &session_id,
+                params.streams,
+                &self.peer,
+            )?,
+            _ => Vec::new(),
+        };
+        drop(fabric);
         let _ = stream.set_read_timeout(None);
         let (incoming, reader) = spawn_reader(&stream, self.peer.clone())?;
         let meter = Arc::new(CpuMeter::default());
@@ -332,6 +363,7 @@ impl Connection {
             progress.clone(),
             meter.clone(),
         );
+        core.fabric = fabric_channels;
         let started = std::time::Instant::now();
         let (verb, outcome) = match role {
             Role::Send(source) => ("sent", run_sender(&mut core, &source)),
@@ -388,12 +420,39 @@ impl Connection {
         (accepted, params)
     }
 
-    fn prepare_role(&self, req: &OpenSession, params: &Params) -> Result<Role, Error> {
-        if req.transport != TransportKind::Tcp {
-            return Err(Error::Usage(
-                "this server offers only the tcp transport".into(),
-            ));
+    /// For a fabric session, this session's own listener (on the address the client
+    /// reached) and the endpoint message that tells the client where it is.
+    fn fabric_listener(
+        &self,
+        req: &OpenSession,
+        control: &TcpStream,
+    ) -> Result<Option<(wanxfer_fabric::Listener, FabricEndpoint)>, Error> {
+        match req.transport {
+            TransportKind::Tcp => return Ok(None),
+            TransportKind::Fabric => {}
+            _ => return Err(Error::Usage("unknown transport".into())),
         }
+        let Some(provider) = &self.limits.fabric_provider else {
+            return Err(Error::Usage(
+                "this server offers only the tcp transport (start it with --transport fabric)"
+                    .into(),
+            ));
+        };
+        let ip = control
+            .local_addr()
+            .map_err(|e| Error::network("reading the local address for", &self.peer, e))?
+            .ip();
+        let (listener, names) = fabric::listen(provider, ip)?;
+        let endpoint = FabricEndpoint {
+            port: listener.local_addr().port(),
+            provider: names.provider.into_bytes(),
+            fabric: names.fabric.into_bytes(),
+            domain: names.domain.into_bytes(),
+        };
+        Ok(Some((listener, endpoint)))
+    }
+
+    fn prepare_role(&self, req: &OpenSession, params: &Params) -> Result<Role, Error> {
         match req.direction {
             Direction::Push => {
                 let [dest] = req.paths.as_slice() else {

@@ -11,6 +11,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::symlink;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -376,4 +377,107 @@ pub fn is_root() -> bool {
                 == Some("0")
         })
         .unwrap_or(false)
+}
+
+/// A temporary directory with a server root `root/` and a client area beside it.
+pub struct Site {
+    pub dir: tempfile::TempDir,
+    pub server: Server,
+}
+
+impl Site {
+    pub fn new() -> Site {
+        Site::with_serve_flags(&[])
+    }
+
+    pub fn with_serve_flags(flags: &[&str]) -> Site {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("root");
+        fs::create_dir(&root).unwrap();
+        let server = Server::start(&root, flags);
+        Site { dir, server }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.server.root
+    }
+}
+
+/// A tree with every kind of entry and name the issue lists.
+pub fn odd_tree(at: &Path) {
+    fs::create_dir_all(at).unwrap();
+    let names: Vec<&[u8]> = vec![
+        b"with space",
+        b"new\nline",
+        b"-leading-dash",
+        b"--help",
+        "Überdaten-数据-ε".as_bytes(),
+        b"non-utf8-\xff\xfe",
+        b"tab\there",
+        b"back\\slash",
+    ];
+    for (i, name) in names.iter().enumerate() {
+        let path = at.join(OsStr::from_bytes(name));
+        write_pattern(&path, 1000 + i as u64 * 4097, i as u64);
+    }
+    let long = "n".repeat(255);
+    write_pattern(&at.join(&long), 12345, 99);
+    fs::create_dir(at.join("d".repeat(255))).unwrap();
+
+    fs::File::create(at.join("empty")).unwrap();
+    fs::create_dir_all(at.join("empty-dir")).unwrap();
+    fs::create_dir_all(at.join("nested/empty-inner")).unwrap();
+
+    let mut deep = at.join("deep");
+    for level in 0..64 {
+        deep.push(format!("level-{level}"));
+    }
+    fs::create_dir_all(&deep).unwrap();
+    write_pattern(&deep.join("bottom.bin"), 70_000, 7);
+
+    let private = at.join("private.key");
+    write_pattern(&private, 3000, 3);
+    set_mode(&private, 0o600);
+    let script = at.join("run.sh");
+    write_pattern(&script, 100, 4);
+    set_mode(&script, 0o755);
+    let ro = at.join("read-only");
+    write_pattern(&ro, 5000, 5);
+    set_mode(&ro, 0o444);
+    fs::create_dir(at.join("restricted")).unwrap();
+    write_pattern(&at.join("restricted/inside"), 10, 6);
+
+    symlink("with space", at.join("link-to-file")).unwrap();
+    symlink("/etc/passwd", at.join("absolute-link")).unwrap();
+    symlink("../../outside/of/everything", at.join("dangling-escape")).unwrap();
+    symlink("deep/level-0", at.join("link-to-dir")).unwrap();
+
+    // Block-sized edges: a file exactly one block, one byte over, one byte under.
+    for (name, len) in [
+        ("block-exact", 1 << 20),
+        ("block-plus", (1 << 20) + 1),
+        ("block-minus", (1 << 20) - 1),
+    ] {
+        write_pattern(&at.join(name), len, len);
+    }
+
+    // mtimes (with nanoseconds) on files and directories, directories last since
+    // writing into them moves their mtime.
+    set_mtime(&at.join("private.key"), 1_000_000_000, 123_456_789);
+    set_mtime(&at.join("empty"), 1_500_000_000, 1);
+    set_mtime(&deep.join("bottom.bin"), 1_234_567_890, 0);
+    set_mode(&at.join("restricted"), 0o750);
+    set_mtime(&at.join("restricted"), 1_600_000_000, 500);
+    set_mtime(&at.join("empty-dir"), 1_700_000_000, 42);
+}
+
+/// Bytes that differ by seed and position, cheap to make.
+pub fn pattern_bytes(len: usize, seed: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i.wrapping_mul(31) ^ seed.wrapping_mul(131)) as u8)
+        .collect()
 }

@@ -1,74 +1,20 @@
-//! Data channels: the back end that moves blocks, behind one small interface.
+//! Blocks over parallel TCP streams.
 //!
-//! The session sees a channel as two halves, [`BlockTx`] and [`BlockRx`]; what is under
-//! them (a TCP stream today, a libfabric endpoint writing into granted slots next) is the
-//! transport's business. The pumps here connect a channel to the pool queues, so that any
-//! channel takes the next ready block: a slow stream simply takes fewer blocks, and the
-//! number of channels can differ from the number of readers and writers.
-//!
-//! For TCP, a block on the wire is exactly its header, segment table and payload, sent
-//! with one vectored write. Flow control is TCP's own window: the receiver stops reading
-//! when its pool is empty, the kernel closes the window, and the sender's write blocks —
-//! an explicit credit round trip would only add latency on a long path. Credits
-//! ([`wanxfer_proto::Credit`]) exist for transports without that property (RDMA).
+//! A block on the wire is exactly its header, segment table and payload, sent with one
+//! vectored write (or the header then `sendfile` from the page cache). Flow control is
+//! TCP's own window: the receiver stops reading when its pool is empty, the kernel closes
+//! the window, and the sender's write blocks — an explicit credit round trip would only
+//! add latency on a long path. Credits exist for transports without that property
+//! (RDMA, see [`super::fabric`]).
 
 use std::io::{self, IoSlice, Write};
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::Ordering;
 
-use crossbeam_channel::{Receiver, Sender};
 use wanxfer_proto::{BlockHeader, Segment};
 
-use crate::pool::{recv_or_cancel, Block, Cancel, Pool};
-use crate::progress::Progress;
+use super::{check_header, BlockRx, BlockTx};
+use crate::pool::{Block, Cancel, Pool};
 use crate::Error;
-
-/// The sending half of a channel.
-pub trait BlockTx: Send {
-    fn send(&mut self, block: &Block) -> Result<(), Error>;
-    /// No more blocks: the receiver sees a clean end of stream.
-    fn finish(&mut self) -> Result<(), Error>;
-}
-
-/// The receiving half of a channel.
-pub trait BlockRx: Send {
-    /// The next block, `Ok(None)` at a clean end of stream.
-    fn recv(&mut self, pool: &Pool, cancel: &Cancel) -> Result<Option<Block>, Error>;
-}
-
-/// Sends queued blocks until the queue closes.
-pub fn pump_out(
-    tx: &mut dyn BlockTx,
-    queue: &Receiver<Block>,
-    cancel: &Cancel,
-    progress: &Progress,
-) -> Result<(), Error> {
-    while let Some(block) = recv_or_cancel(queue, cancel)? {
-        tx.send(&block)?;
-        progress
-            .bytes
-            .fetch_add(block.len as u64, Ordering::Relaxed);
-    }
-    tx.finish()
-}
-
-/// Receives blocks into pool buffers and queues them for the writers until the sender
-/// ends the stream.
-pub fn pump_in(
-    rx: &mut dyn BlockRx,
-    pool: &Pool,
-    out: &Sender<Block>,
-    cancel: &Cancel,
-    progress: &Progress,
-) -> Result<(), Error> {
-    while let Some(block) = rx.recv(pool, cancel)? {
-        progress
-            .bytes
-            .fetch_add(block.len as u64, Ordering::Relaxed);
-        out.send(block).map_err(|_| Error::Cancelled)?;
-    }
-    Ok(())
-}
 
 /// A TCP stream carrying blocks.
 #[derive(Debug)]
@@ -154,18 +100,7 @@ impl BlockRx for TcpChannel {
             return Ok(None);
         }
         let header = BlockHeader::decode_fixed(&fixed).map_err(|e| Error::decode(&self.peer, e))?;
-        if header.session_tag != self.session_tag {
-            return Err(Error::protocol(&self.peer, "block from another session"));
-        }
-        if header.payload_len as usize > self.max_payload {
-            return Err(Error::protocol(
-                &self.peer,
-                format!(
-                    "block of {} bytes exceeds the negotiated block size {}",
-                    header.payload_len, self.max_payload
-                ),
-            ));
-        }
+        check_header(&header, self.session_tag, self.max_payload, &self.peer)?;
         let mut table = std::mem::take(&mut self.table);
         table.resize(header.segment_count as usize * Segment::LEN, 0);
         let read = self.read_full(&mut table, false);

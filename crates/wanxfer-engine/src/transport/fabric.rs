@@ -1,0 +1,514 @@
+//! Blocks over libfabric (RDMA on InfiniBand, RoCE and iWARP through `verbs`; the `tcp`
+//! provider everywhere else, which runs the same code path for real).
+//!
+//! Why credits instead of a stream: an RDMA write lands in the receiver's memory without
+//! its CPU, so the sender may only write where the receiver said it may. Each data
+//! channel's receiver registers a pool of slots and grants them (tian2011 §4.3); the
+//! sender gathers a block's header and payload into one RDMA write to a granted slot,
+//! announced by remote CQ data; the receiver decodes it, hands the payload to a writer
+//! and grants the slot again. A slow writer therefore withholds credits and the sender
+//! waits, never overruns. The credit and control-window bookkeeping (with its reserved
+//! buffer, so neither side deadlocks) is `wanxfer-fabric`'s [`Channel`]; this module
+//! fits it to the engine's pool queues.
+//!
+//! Why the TCP data connections stay: they are where a channel proves it belongs to the
+//! session (the same proof TCP channels use), and the fabric connection then presents
+//! that proof again as its first message, so a slot key is never granted to anyone but
+//! the authenticated client, and never outlives its session (the registrations go with
+//! the channel).
+//!
+//! The receiver copies each block out of its slot into a pool buffer before granting the
+//! slot again: one memory copy that keeps the writers and the sink unchanged. On RDMA
+//! hardware the sender side is zero-copy (pool buffers are registered and written from).
+
+use std::collections::{HashMap, VecDeque};
+use std::io::IoSlice;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use wanxfer_fabric::{
+    Access, AlignedBuf, Channel, ChannelConfig, Credit, Event, FabricConfig, Listener,
+};
+use wanxfer_proto::handshake::Authenticated;
+use wanxfer_proto::{decode_frame, encode_frame, BlockHeader, ChannelJoin, Message, MAX_SEGMENTS};
+
+use super::check_header;
+use crate::pool::{Block, Cancel, Pool, CANCEL_POLL};
+use crate::progress::Progress;
+use crate::Error;
+
+/// The control message that ends a channel's blocks (after the last write completed).
+const END_OF_BLOCKS: &[u8] = b"wanxfer:end-of-blocks";
+
+/// How long a graceful close may take before the channel is simply dropped.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// While writes are in flight, how long the sender sleeps on the completion queue before
+/// looking at its block queue again.
+const BUSY_WAIT: Duration = Duration::from_millis(1);
+
+/// What libfabric discovery chose, as reported to the user.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FabricNames {
+    pub provider: String,
+    pub fabric: String,
+    pub domain: String,
+}
+
+/// Sizes both sides derive from the agreed session parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotPlan {
+    /// Slots (credits) per channel.
+    pub slots: u32,
+    /// Bytes per slot: the largest header and segment table plus one block.
+    pub slot_len: usize,
+}
+
+impl SlotPlan {
+    pub fn new(block_size: u32, depth: u16) -> SlotPlan {
+        SlotPlan {
+            slots: u32::from(depth) + 1,
+            slot_len: BlockHeader::encoded_len(MAX_SEGMENTS as usize) + block_size as usize,
+        }
+    }
+
+    fn channel_config(&self) -> ChannelConfig {
+        ChannelConfig {
+            max_grants: self.slots,
+            max_writes: self.slots as usize,
+            ..ChannelConfig::default()
+        }
+    }
+}
+
+fn fabric_config(provider: &str) -> FabricConfig {
+    FabricConfig::with_provider(provider)
+}
+
+/// Maps the fabric layer's errors to the engine's classes: a provider that is not there
+/// is the user's to fix (exit code "usage"), everything else is the network's.
+fn fabric_error(peer: &str, context: &'static str, e: wanxfer_fabric::Error) -> Error {
+    match e {
+        wanxfer_fabric::Error::ProviderUnavailable { .. } => Error::Usage(format!(
+            "{e}; `fi_info -l` lists the providers this machine has"
+        )),
+        other => Error::network(context, peer, std::io::Error::other(other.to_string())),
+    }
+}
+
+/// Opens the server's per-session fabric listener on the address its clients reached.
+pub fn listen(provider: &str, ip: IpAddr) -> Result<(Listener, FabricNames), Error> {
+    let listener = Listener::bind(&fabric_config(provider), SocketAddr::new(ip, 0))
+        .map_err(|e| fabric_error(&ip.to_string(), "opening a fabric listener on", e))?;
+    let info = listener.provider();
+    let names = FabricNames {
+        provider: info.provider.clone(),
+        fabric: info.fabric.clone(),
+        domain: info.domain.clone(),
+    };
+    Ok((listener, names))
+}
+
+/// Server side: accepts one fabric connection per data channel, each proving it belongs
+/// to this session, and returns them in channel order.
+pub fn accept_channels(
+    listener: &mut Listener,
+    plan: SlotPlan,
+    auth: &Authenticated,
+    session_id: &[u8; 16],
+    streams: u16,
+    peer: &str,
+) -> Result<Vec<Channel>, Error> {
+    let mut channels: Vec<Option<Channel>> = (0..streams).map(|_| None).collect();
+    for _ in 0..streams {
+        let mut channel = Channel::accept(listener, &plan.channel_config())
+            .map_err(|e| fabric_error(peer, "accepting a fabric channel from", e))?;
+        let join = await_join(&mut channel, peer)?;
+        let index = usize::from(join.index);
+        let valid = join.session_id == *session_id
+            && join.index < streams
+            && auth.verify_channel(session_id, join.index, &join.proof);
+        if !valid {
+            return Err(Error::Auth {
+                peer: peer.to_string(),
+                detail: "fabric channel with an unknown session or a bad proof".into(),
+            });
+        }
+        if channels[index].replace(channel).is_some() {
+            return Err(Error::protocol(
+                peer,
+                "the same fabric channel joined twice",
+            ));
+        }
+    }
+    Ok(channels.into_iter().flatten().collect())
+}
+
+fn await_join(channel: &mut Channel, peer: &str) -> Result<ChannelJoin, Error> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        match channel
+            .wait(Some(CANCEL_POLL))
+            .map_err(|e| fabric_error(peer, "joining a fabric channel from", e))?
+        {
+            Some(Event::Control(bytes)) => {
+                return match decode_frame(&bytes) {
+                    Ok(Message::ChannelJoin(join)) => Ok(join),
+                    Ok(_) => Err(Error::protocol(
+                        peer,
+                        "a fabric channel must start by joining",
+                    )),
+                    Err(e) => Err(Error::decode(peer, e)),
+                };
+            }
+            Some(_) => {
+                return Err(Error::protocol(
+                    peer,
+                    "a fabric channel must start by joining",
+                ))
+            }
+            None => {}
+        }
+    }
+    Err(Error::network(
+        "waiting for a fabric channel to join from",
+        peer,
+        std::io::ErrorKind::TimedOut.into(),
+    ))
+}
+
+/// Client side: connects one fabric channel per data channel to the server's listener and
+/// presents each channel's proof.
+pub fn connect_channels(
+    provider: &str,
+    addr: SocketAddr,
+    plan: SlotPlan,
+    auth: &Authenticated,
+    session_id: &[u8; 16],
+    streams: u16,
+) -> Result<Vec<Channel>, Error> {
+    let peer = addr.to_string();
+    (0..streams)
+        .map(|index| {
+            let mut channel =
+                Channel::connect(&fabric_config(provider), addr, &plan.channel_config())
+                    .map_err(|e| fabric_error(&peer, "connecting a fabric channel to", e))?;
+            let mut join = Vec::new();
+            encode_frame(
+                &Message::ChannelJoin(ChannelJoin {
+                    session_id: *session_id,
+                    index,
+                    proof: auth.channel_proof(session_id, index),
+                }),
+                &mut join,
+            );
+            channel
+                .send_control(&join)
+                .map_err(|e| fabric_error(&peer, "joining a fabric channel at", e))?;
+            Ok(channel)
+        })
+        .collect()
+}
+
+/// Names of what a channel's discovery chose.
+pub fn names(channel: &Channel) -> FabricNames {
+    let info = channel.provider();
+    FabricNames {
+        provider: info.provider.clone(),
+        fabric: info.fabric.clone(),
+        domain: info.domain.clone(),
+    }
+}
+
+/// A sent block whose write has not completed: its buffer must not be reused yet.
+struct InFlight {
+    _block: Block,
+    header_slot: usize,
+    len: u64,
+}
+
+/// The sending end: writes queued blocks into slots the receiver granted, until the queue
+/// closes; then says so and closes the channel gracefully.
+pub fn send_blocks(
+    channel: Channel,
+    plan: SlotPlan,
+    queue: &Receiver<Block>,
+    cancel: &Cancel,
+    progress: &Progress,
+    peer: &str,
+) -> Result<(), Error> {
+    let mut sender = FabricSender::new(channel, plan, peer)?;
+    let mut queue_open = true;
+    while queue_open || !sender.in_flight.is_empty() {
+        if cancel.is_cancelled() {
+            return Err(Error::Cancelled);
+        }
+        sender.take_events(progress)?;
+        if !(queue_open && sender.can_write()) {
+            // Nothing to do until a credit or a completion arrives: sleep on the CQ.
+            sender.wait_event(progress)?;
+            continue;
+        }
+        let wait = if sender.in_flight.is_empty() {
+            CANCEL_POLL
+        } else {
+            BUSY_WAIT
+        };
+        match queue.recv_timeout(wait) {
+            Ok(block) => sender.write(block)?,
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => queue_open = false,
+        }
+    }
+    sender.finish()
+}
+
+struct FabricSender<'p> {
+    // Dropped first: nothing may still be registered when the buffers below go.
+    channel: Channel,
+    peer: &'p str,
+    credits: VecDeque<Credit>,
+    in_flight: HashMap<u32, InFlight>,
+    headers: AlignedBuf,
+    header_len: usize,
+    free_headers: Vec<usize>,
+}
+
+impl<'p> FabricSender<'p> {
+    fn new(mut channel: Channel, plan: SlotPlan, peer: &'p str) -> Result<Self, Error> {
+        // Headers are staged in registered memory of our own (a pool buffer's header
+        // vector may be reallocated); payloads are written straight from pool buffers.
+        let header_len = BlockHeader::encoded_len(MAX_SEGMENTS as usize);
+        let count = plan.slots as usize;
+        let mut headers = AlignedBuf::new(header_len * count);
+        // SAFETY: `headers` lives in this struct, dropped after `channel` (field order).
+        unsafe { channel.register_raw(headers.as_mut_ptr(), headers.len(), Access::WRITE_SOURCE) }
+            .map_err(|e| fabric_error(peer, "registering send buffers for", e))?;
+        Ok(FabricSender {
+            channel,
+            peer,
+            credits: VecDeque::new(),
+            in_flight: HashMap::new(),
+            headers,
+            header_len,
+            free_headers: (0..count).collect(),
+        })
+    }
+
+    fn can_write(&self) -> bool {
+        !self.credits.is_empty() && !self.free_headers.is_empty()
+    }
+
+    fn take_events(&mut self, progress: &Progress) -> Result<(), Error> {
+        while let Some(event) = self
+            .channel
+            .poll()
+            .map_err(|e| fabric_error(self.peer, "polling the fabric channel to", e))?
+        {
+            self.handle(event, progress)?;
+        }
+        Ok(())
+    }
+
+    fn wait_event(&mut self, progress: &Progress) -> Result<(), Error> {
+        let event = self
+            .channel
+            .wait(Some(CANCEL_POLL))
+            .map_err(|e| fabric_error(self.peer, "waiting for credits from", e))?;
+        match event {
+            Some(event) => self.handle(event, progress),
+            None => Ok(()),
+        }
+    }
+
+    fn handle(&mut self, event: Event, progress: &Progress) -> Result<(), Error> {
+        match event {
+            Event::Credit(credit) => self.credits.push_back(credit),
+            Event::WriteComplete { slot } => {
+                let done = self.in_flight.remove(&slot).ok_or_else(|| {
+                    Error::protocol(self.peer, format!("completion for idle slot {slot}"))
+                })?;
+                self.free_headers.push(done.header_slot);
+                progress
+                    .bytes
+                    .fetch_add(done.len, std::sync::atomic::Ordering::Relaxed);
+            }
+            other => {
+                return Err(Error::protocol(
+                    self.peer,
+                    format!("unexpected {other:?} on a sending fabric channel"),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, block: Block) -> Result<(), Error> {
+        let credit = self
+            .credits
+            .pop_front()
+            .expect("can_write checked a credit");
+        let header_slot = self.free_headers.pop().expect("can_write checked a header");
+        let start = header_slot * self.header_len;
+        let end = start + block.header.len();
+        self.headers.as_mut_slice()[start..end].copy_from_slice(&block.header);
+        let storage = block.storage();
+        // SAFETY: pool buffers are boxed slices that stay put for the pool's life; the
+        // provider reads one only while a write we posted from it is in flight, and we
+        // hold that block (so nobody refills it) until the write completes.
+        unsafe {
+            self.channel.register_raw(
+                storage.as_ptr() as *mut u8,
+                storage.len(),
+                Access::WRITE_SOURCE,
+            )
+        }
+        .map_err(|e| fabric_error(self.peer, "registering a block buffer for", e))?;
+        let iov = [
+            IoSlice::new(&self.headers.as_slice()[start..end]),
+            IoSlice::new(block.payload()),
+        ];
+        self.channel
+            .write_block(&iov, credit)
+            .map_err(|e| fabric_error(self.peer, "writing a block to", e))?;
+        let len = block.len as u64;
+        self.in_flight.insert(
+            credit.slot,
+            InFlight {
+                _block: block,
+                header_slot,
+                len,
+            },
+        );
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<(), Error> {
+        self.channel
+            .send_control(END_OF_BLOCKS)
+            .map_err(|e| fabric_error(self.peer, "ending the blocks to", e))?;
+        let FabricSender {
+            channel,
+            peer,
+            headers,
+            ..
+        } = self;
+        let closed = channel
+            .close(Some(CLOSE_TIMEOUT))
+            .map_err(|e| fabric_error(peer, "closing the fabric channel to", e));
+        drop(headers); // only now that the registration is gone
+        closed.map(drop)
+    }
+}
+
+/// The receiving end's slots, and what it checks blocks against.
+pub struct RecvLimits {
+    pub plan: SlotPlan,
+    pub session_tag: u64,
+    pub max_payload: usize,
+}
+
+/// The receiving end: registers this channel's slots, grants them all, and turns each
+/// arriving block into a pool block for the writers, granting its slot again at once.
+pub fn recv_blocks(
+    mut channel: Channel,
+    limits: &RecvLimits,
+    pool: &Pool,
+    out: &Sender<Block>,
+    cancel: &Cancel,
+    progress: &Progress,
+    peer: &str,
+) -> Result<(), Error> {
+    let err = |context: &'static str| move |e| fabric_error(peer, context, e);
+    let plan = limits.plan;
+    let region = channel
+        .register(
+            AlignedBuf::new(plan.slot_len * plan.slots as usize),
+            Access::REMOTE_WRITE,
+        )
+        .map_err(err("registering receive slots for"))?;
+    channel
+        .set_slot_pool(region, plan.slot_len)
+        .map_err(err("setting up receive slots for"))?;
+    for slot in 0..plan.slots {
+        channel.grant(slot).map_err(err("granting a slot to"))?;
+    }
+    loop {
+        if cancel.is_cancelled() {
+            return Err(Error::Cancelled);
+        }
+        let Some(event) = channel
+            .wait(Some(CANCEL_POLL))
+            .map_err(err("receiving blocks from"))?
+        else {
+            continue;
+        };
+        match event {
+            Event::BlockArrived { slot, len } => {
+                let bytes = channel
+                    .slot(slot)
+                    .and_then(|s| s.get(..len))
+                    .ok_or_else(|| Error::protocol(peer, format!("block past slot {slot}")))?;
+                let block = decode_block(bytes, limits, pool, cancel, peer)?;
+                channel.grant(slot).map_err(err("granting a slot to"))?;
+                progress
+                    .bytes
+                    .fetch_add(block.len as u64, std::sync::atomic::Ordering::Relaxed);
+                out.send(block).map_err(|_| Error::Cancelled)?;
+            }
+            Event::Control(msg) if msg == END_OF_BLOCKS => break,
+            other => {
+                return Err(Error::protocol(
+                    peer,
+                    format!("unexpected {other:?} on a receiving fabric channel"),
+                ))
+            }
+        }
+    }
+    channel
+        .close(Some(CLOSE_TIMEOUT))
+        .map_err(err("closing the fabric channel from"))?;
+    Ok(())
+}
+
+/// Decodes and checks a block that landed in a slot, copying its payload into a pool
+/// buffer (checksummed as it is copied out, while it is in cache).
+fn decode_block(
+    bytes: &[u8],
+    limits: &RecvLimits,
+    pool: &Pool,
+    cancel: &Cancel,
+    peer: &str,
+) -> Result<Block, Error> {
+    let fixed: &[u8; BlockHeader::LEN] = bytes
+        .get(..BlockHeader::LEN)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| Error::protocol(peer, "block shorter than its header"))?;
+    let header = BlockHeader::decode_fixed(fixed).map_err(|e| Error::decode(peer, e))?;
+    check_header(&header, limits.session_tag, limits.max_payload, peer)?;
+    let table_end = BlockHeader::encoded_len(header.segment_count as usize);
+    let payload_len = header.payload_len as usize;
+    if bytes.len() != table_end + payload_len {
+        return Err(Error::protocol(
+            peer,
+            format!(
+                "block of {} bytes does not match its header ({} + {payload_len})",
+                bytes.len(),
+                table_end
+            ),
+        ));
+    }
+    let mut block = pool.take(cancel)?;
+    header
+        .decode_segments(
+            fixed,
+            &bytes[BlockHeader::LEN..table_end],
+            &mut block.segments,
+        )
+        .map_err(|e| Error::decode(peer, e))?;
+    block.space()[..payload_len].copy_from_slice(&bytes[table_end..]);
+    block.len = payload_len;
+    block.damaged = header.check_payload(block.payload()).is_err();
+    Ok(block)
+}
