@@ -198,6 +198,7 @@ impl Core {
                     plan,
                     session_tag: self.params.session_tag,
                     max_payload: self.params.block_size as usize,
+                    discard: self.params.discard,
                 };
                 let peer = self.peer().to_string();
                 self.spawn(&format!("frecv{i}"), move || {

@@ -407,6 +407,9 @@ pub struct RecvLimits {
     pub plan: SlotPlan,
     pub session_tag: u64,
     pub max_payload: usize,
+    /// The receiver throws data away (memory-to-memory): blocks are checked in their slot
+    /// and only their segment tables travel on, so the measurement is the transport's.
+    pub discard: bool,
 }
 
 /// The receiving end: registers this channel's slots, grants them all, and turns each
@@ -507,8 +510,11 @@ fn decode_block(
             &mut block.segments,
         )
         .map_err(|e| Error::decode(peer, e))?;
-    block.space()[..payload_len].copy_from_slice(&bytes[table_end..]);
+    let payload = &bytes[table_end..];
     block.len = payload_len;
-    block.damaged = header.check_payload(block.payload()).is_err();
+    block.damaged = header.check_payload(payload).is_err();
+    if !limits.discard {
+        block.space()[..payload_len].copy_from_slice(payload);
+    }
     Ok(block)
 }
