@@ -805,9 +805,15 @@ impl Channel {
     }
 
     /// Acknowledges the peer's messages on their own once enough are owed.
+    ///
+    /// Saying goodbye does not end acknowledging: the dialler says it first and the
+    /// acceptor may still be sending (granting slots for its last blocks, say) until it
+    /// reads that goodbye; without acknowledgements its window would fill and both sides
+    /// would wait for each other. Only once both goodbyes have crossed is nothing owed.
     fn maybe_ack(&mut self) -> Result<()> {
         let threshold = (self.cfg.window() / 2).max(2);
-        if self.bye_sent || self.window.owed() < threshold || !self.window.allows(Cost::Reserved) {
+        let closed = self.bye_sent && self.bye_received;
+        if closed || self.window.owed() < threshold || !self.window.allows(Cost::Reserved) {
             return Ok(());
         }
         let bytes = self.encode(Kind::Ack, 0, &[]);

@@ -241,3 +241,28 @@ fn fabric_is_refused_clearly_where_it_is_not_offered() {
     run.assert_code(2)
         .assert_stderr_mentions("no-such-provider");
 }
+
+#[test]
+fn more_slots_than_control_window_still_close_cleanly() {
+    if !fabric_available() {
+        return;
+    }
+    // 17 slots per channel against a control window of 9: the receiver's last grants
+    // cross the sender's goodbye, which once deadlocked the close (both sides waiting).
+    let site = fabric_site();
+    for _ in 0..4 {
+        fabric_cp([
+            "--streams",
+            "1",
+            "--depth",
+            "16",
+            "--block-size",
+            "256KiB",
+            "--bytes",
+            "128MiB",
+            "/dev/zero",
+            site.server.url("dev/null").to_str().unwrap(),
+        ])
+        .assert_ok();
+    }
+}
