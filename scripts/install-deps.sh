@@ -8,7 +8,8 @@ PACKAGES=(
   libfabric-dev libfabric-bin     # RDMA through libfabric (tcp provider on machines without RDMA)
   libclang-dev                    # bindgen, for the libfabric bindings
   iproute2                        # network namespaces for the WAN emulator tests
-  iperf3                          # the ceiling in benchmarks
+  iperf3                          # the ceiling in benchmarks; traffic in the emulator tests
+  iputils-ping                    # delay checks through the WAN emulator
   python3                         # benchmark drivers
 )
 

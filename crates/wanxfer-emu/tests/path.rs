@@ -1,0 +1,151 @@
+//! The emulated path end to end: real namespaces, real kernel TCP, the forwarder in
+//! between. Needs root (CI is); elsewhere each test says why it skips.
+//!
+//! No test asserts a speed: delays are checked as lower bounds (a packet can be late on a
+//! busy machine, never early), losses and queue drops by the emulator's own counters.
+
+use std::process::Command;
+use std::time::Duration;
+
+use wanxfer_emu::{unavailable_reason, Config, Emulator, LinkConfig, Outage, RIGHT_IP};
+
+fn skip() -> bool {
+    match unavailable_reason() {
+        Some(why) => {
+            eprintln!("skipped: {why}");
+            true
+        }
+        None => false,
+    }
+}
+
+fn namespaces() -> String {
+    let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Round-trip times in ms reported by `ping -c COUNT` from the left host.
+fn ping(emu: &Emulator, count: u32) -> Vec<f64> {
+    let out = emu
+        .left("ping")
+        .args(["-c", &count.to_string(), "-i", "0.05", "-W", "5", RIGHT_IP])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split("time=").nth(1))
+        .filter_map(|t| t.trim_end_matches(" ms").parse().ok())
+        .collect()
+}
+
+#[test]
+fn delay_is_applied_both_ways_and_teardown_leaves_nothing() {
+    if skip() {
+        return;
+    }
+    let emu = Emulator::start(Config::symmetric(
+        LinkConfig::default(),
+        Duration::from_millis(40),
+    ))
+    .unwrap();
+    let names = emu.namespaces().map(str::to_string);
+    let rtts = ping(&emu, 5);
+    assert_eq!(rtts.len(), 5, "every ping answered: {rtts:?}");
+    assert!(
+        rtts.iter().all(|&r| r >= 40.0),
+        "no packet beats the delay: {rtts:?}"
+    );
+    let report = emu.stop().unwrap();
+    assert!(report.forward.packets_out >= 5 && report.back.packets_out >= 5);
+    let left_over = namespaces();
+    for name in names {
+        assert!(!left_over.contains(&name), "namespace {name} removed");
+    }
+}
+
+#[test]
+fn tcp_crosses_a_lossy_queue_and_the_counters_show_it() {
+    if skip() {
+        return;
+    }
+    let link = LinkConfig {
+        rate_bps: 200_000_000,
+        buffer: 100_000,
+        loss: 0.002,
+        ..LinkConfig::default()
+    };
+    let mut config = Config::symmetric(link, Duration::from_millis(10));
+    config.seed = 42;
+    let emu = Emulator::start(config).unwrap();
+    let mut server = emu
+        .right("iperf3")
+        .args(["-s", "-1", "-p", "5201"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let sent = emu
+        .left("iperf3")
+        .args(["-c", RIGHT_IP, "-p", "5201", "-n", "20M"])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    let _ = server.wait();
+    assert!(sent.success());
+    let report = emu.stop().unwrap();
+    let f = &report.forward;
+    assert!(f.bytes_out > 10_000_000, "most of the 20 MiB crossed: {f:?}");
+    assert!(
+        f.packets_out + f.dropped_loss + f.dropped_queue <= f.packets_in,
+        "every packet out came in: {f:?}"
+    );
+    assert!(
+        f.dropped_loss > 0,
+        "random losses happened (seed 42): {f:?}"
+    );
+    assert!(
+        f.queue_high_water > 0 && f.queue_high_water <= 100_000,
+        "{f:?}"
+    );
+    assert_eq!(
+        report.tun_tx_dropped,
+        [Some(0), Some(0)],
+        "no unmodelled drops"
+    );
+}
+
+#[test]
+fn a_cut_drops_everything_while_it_lasts() {
+    if skip() {
+        return;
+    }
+    let mut config = Config::default();
+    config.outages.push(Outage {
+        from: Duration::ZERO,
+        to: Duration::from_secs(3600),
+        both_ways: true,
+    });
+    let emu = Emulator::start(config).unwrap();
+    assert!(ping(&emu, 2).is_empty(), "nothing gets through a cut");
+    let report = emu.stop().unwrap();
+    assert!(report.forward.dropped_cut >= 2, "{:?}", report.forward);
+    assert_eq!(report.forward.packets_out, 0);
+}
+
+#[test]
+fn processes_left_in_the_namespaces_are_ended_on_drop() {
+    if skip() {
+        return;
+    }
+    let emu = Emulator::start(Config::default()).unwrap();
+    let child = emu.right("sleep").arg("600").spawn().unwrap();
+    let pid = child.id();
+    std::thread::sleep(Duration::from_millis(200));
+    drop(emu);
+    std::thread::sleep(Duration::from_millis(200));
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    assert!(
+        status.is_empty() || status.contains("State:\tZ"),
+        "the process in the namespace was ended"
+    );
+}
