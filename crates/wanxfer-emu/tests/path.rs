@@ -94,7 +94,10 @@ fn tcp_crosses_a_lossy_queue_and_the_counters_show_it() {
     assert!(sent.success());
     let report = emu.stop().unwrap();
     let f = &report.forward;
-    assert!(f.bytes_out > 10_000_000, "most of the 20 MiB crossed: {f:?}");
+    assert!(
+        f.bytes_out > 10_000_000,
+        "most of the 20 MiB crossed: {f:?}"
+    );
     assert!(
         f.packets_out + f.dropped_loss + f.dropped_queue <= f.packets_in,
         "every packet out came in: {f:?}"

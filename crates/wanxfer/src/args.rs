@@ -84,6 +84,9 @@ pub struct ServeArgs {
     /// `--transport fabric` offers libfabric channels as well as TCP.
     #[command(flatten)]
     pub transport: TransportArgs,
+    /// Seconds a silent client (cut link, crashed host) is waited for.
+    #[arg(long, default_value_t = 120)]
+    pub stall_timeout: u64,
 }
 
 /// Which data channels to use (cp, bench) or offer (serve).
@@ -132,6 +135,7 @@ impl ServeArgs {
             writers: self.writers.max(1),
             io: self.io.mode(),
             fabric_provider: self.transport.offered_provider(),
+            stall_timeout: Duration::from_secs(self.stall_timeout.max(2)),
             ..ServerLimits::default()
         }
     }
@@ -186,6 +190,10 @@ pub struct CpArgs {
     pub io: IoArg,
     #[command(flatten)]
     pub transport: TransportArgs,
+    /// Seconds a silent server (cut link, crashed host) is waited for before giving up
+    /// with a network error.
+    #[arg(long, default_value_t = 120)]
+    pub stall_timeout: u64,
 }
 
 /// How file bytes are sent.
@@ -238,6 +246,7 @@ impl CpArgs {
             file_digest: !self.no_file_digest,
             io: self.io.mode(),
             transport: self.transport.transport(),
+            stall_timeout: Duration::from_secs(self.stall_timeout.max(2)),
             ..Tuning::default()
         }
     }

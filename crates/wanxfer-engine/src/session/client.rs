@@ -81,7 +81,7 @@ pub fn run_client(
 ) -> Result<Report, Error> {
     let started = Instant::now();
     let cpu_before = process_cpu();
-    let mut stream = connect(&cfg.server, cfg.connect_timeout)?;
+    let mut stream = connect(cfg)?;
     send_preamble(&mut stream, ConnectionKind::Control, &cfg.server)?;
     let mut control = Control::new(&stream, cfg.server.clone())?;
     let auth = authenticate(&mut stream, &mut control, &cfg.secret)?;
@@ -212,7 +212,8 @@ fn read_fabric_endpoint(
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Connects with `timeout`; setup reads time out after [`SETUP_TIMEOUT`] until cleared.
-fn connect(server: &str, timeout: Duration) -> Result<TcpStream, Error> {
+fn connect(cfg: &ClientConfig) -> Result<TcpStream, Error> {
+    let (server, timeout) = (cfg.server.as_str(), cfg.connect_timeout);
     let addrs = server
         .to_socket_addrs()
         .map_err(|e| Error::network("resolving", server, e))?;
@@ -220,7 +221,7 @@ fn connect(server: &str, timeout: Duration) -> Result<TcpStream, Error> {
     for addr in addrs {
         match TcpStream::connect_timeout(&addr, timeout) {
             Ok(stream) => {
-                tune_socket(&stream);
+                tune_socket(&stream, cfg.tuning.stall_timeout);
                 let _ = stream.set_read_timeout(Some(SETUP_TIMEOUT));
                 return Ok(stream);
             }
@@ -314,7 +315,7 @@ fn open_channel(
     accepted: &SessionAccepted,
     index: u16,
 ) -> Result<TcpStream, Error> {
-    let mut stream = connect(&cfg.server, cfg.connect_timeout)?;
+    let mut stream = connect(cfg)?;
     send_preamble(&mut stream, ConnectionKind::Data, &cfg.server)?;
     let mut control = Control::new(&stream, cfg.server.clone())?;
     control.send(&Message::ChannelJoin(ChannelJoin {

@@ -118,14 +118,17 @@ pub fn spawn_reader(
 }
 
 /// Socket settings for every wanxfer connection: no Nagle delay on small control frames,
-/// and keepalives so that a peer that vanishes without a FIN is noticed.
-pub fn tune_socket(stream: &TcpStream) {
+/// and a peer that vanishes without a FIN (a cut link, a crashed host) noticed within
+/// `stall`: unacknowledged data times out (`TCP_USER_TIMEOUT`) and an idle connection is
+/// probed (keepalive), so that no side waits forever on a dead path.
+pub fn tune_socket(stream: &TcpStream, stall: Duration) {
     let _ = stream.set_nodelay(true);
     let sock = socket2::SockRef::from(stream);
+    let stall = stall.max(Duration::from_secs(2));
     let keepalive = socket2::TcpKeepalive::new()
-        .with_time(Duration::from_secs(30))
-        .with_interval(Duration::from_secs(10))
-        .with_retries(6);
+        .with_time(stall / 2)
+        .with_interval((stall / 8).max(Duration::from_secs(1)))
+        .with_retries(3);
     let _ = sock.set_tcp_keepalive(&keepalive);
-    let _ = sock.set_tcp_user_timeout(Some(Duration::from_secs(120)));
+    let _ = sock.set_tcp_user_timeout(Some(stall));
 }

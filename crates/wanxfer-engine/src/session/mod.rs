@@ -57,7 +57,12 @@ pub struct Tuning {
     /// How this side sends file bytes (local, never negotiated).
     pub io: IoMode,
     pub transport: Transport,
+    /// How long a silent peer (cut link, crashed host) is waited for (local).
+    pub stall_timeout: std::time::Duration,
 }
+
+/// A path silent for this long is declared dead.
+pub const DEFAULT_STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl Default for Tuning {
     fn default() -> Self {
@@ -72,6 +77,7 @@ impl Default for Tuning {
             file_digest: true,
             io: IoMode::Sendfile,
             transport: Transport::Tcp,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
         }
     }
 }

@@ -54,6 +54,8 @@ pub struct ServerLimits {
     /// The libfabric provider offered to clients asking for the fabric transport; `None`
     /// offers TCP only.
     pub fabric_provider: Option<String>,
+    /// How long a silent peer is waited for before its session fails.
+    pub stall_timeout: Duration,
 }
 
 impl Default for ServerLimits {
@@ -72,6 +74,7 @@ impl Default for ServerLimits {
             max_pool_bytes: 512 << 20,
             io: crate::source::IoMode::Sendfile,
             fabric_provider: None,
+            stall_timeout: super::DEFAULT_STALL_TIMEOUT,
         }
     }
 }
@@ -197,7 +200,7 @@ struct Connection {
 
 impl Connection {
     fn run(mut self, mut stream: TcpStream) {
-        tune_socket(&stream);
+        tune_socket(&stream, self.limits.stall_timeout);
         let _ = stream.set_read_timeout(Some(self.limits.handshake_timeout));
         let result = match read_preamble(&mut stream, &self.peer) {
             Ok(ConnectionKind::Control) => self.control(stream),

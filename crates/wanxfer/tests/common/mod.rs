@@ -32,8 +32,17 @@ pub struct Server {
 }
 
 impl Server {
-    /// Serves `root` (which must exist) with [`SECRET`] and any extra `serve` flags.
+    /// Serves `root` (which must exist) on loopback with [`SECRET`] and any extra `serve`
+    /// flags.
     pub fn start(root: &Path, extra: &[&str]) -> Server {
+        let mut cmd = Command::new(wanxfer_bin());
+        cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+        Server::start_with(cmd, root, extra)
+    }
+
+    /// Serves `root` with `cmd` (a `wanxfer` invocation up to `serve --listen ADDR`, run
+    /// where the caller wants, e.g. inside a network namespace).
+    pub fn start_with(mut cmd: Command, root: &Path, extra: &[&str]) -> Server {
         let log = root
             .parent()
             .expect("roots live in a temporary directory")
@@ -41,8 +50,8 @@ impl Server {
                 "serve-{}.log",
                 root.file_name().unwrap().to_string_lossy()
             ));
-        let mut child = Command::new(wanxfer_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--root"])
+        let mut child = cmd
+            .arg("--root")
             .arg(root)
             .args(extra)
             .env("WANXFER_SECRET", SECRET)
@@ -62,7 +71,7 @@ impl Server {
             .trim()
             .rsplit(" on ")
             .next()
-            .filter(|a| a.starts_with("127.0.0.1:"))
+            .filter(|a| a.parse::<std::net::SocketAddr>().is_ok())
             .unwrap_or_else(|| panic!("server did not start: {line:?}"))
             .to_string();
         Server {
@@ -172,6 +181,19 @@ where
         .env("WANXFER_SECRET", SECRET)
         .env_remove("RUST_LOG");
     cmd
+}
+
+/// `wanxfer cp` run by `cmd` (e.g. inside a network namespace), with the test secret.
+pub fn cp_via<I, S>(mut cmd: Command, args: I) -> Run
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    cmd.arg("cp")
+        .arg("--quiet")
+        .args(args)
+        .env("WANXFER_SECRET", SECRET);
+    Run::from_output(cmd.output().expect("run wanxfer cp"))
 }
 
 /// Runs `wanxfer cp ARGS...` to completion.

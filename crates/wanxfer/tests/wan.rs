@@ -1,0 +1,160 @@
+//! wanxfer through the WAN emulator: a server on the right host, a client on the left,
+//! real kernel TCP over an emulated long, lossy, corrupting or cut path. Needs root and
+//! network namespaces (CI has both); elsewhere each test says why it skips.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use wanxfer_emu::{unavailable_reason, Config, Emulator, LinkConfig, Outage, RIGHT_IP};
+
+fn skip() -> bool {
+    match unavailable_reason() {
+        Some(why) => {
+            eprintln!("skipped: {why}");
+            true
+        }
+        None => false,
+    }
+}
+
+/// A server on the right host of `emu`, serving a fresh root in `dir`.
+fn serve_right(emu: &Emulator, dir: &Path, extra: &[&str]) -> Server {
+    let root = dir.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let mut cmd = emu.right(wanxfer_bin());
+    cmd.args(["serve", "--listen", &format!("{RIGHT_IP}:7800")]);
+    Server::start_with(cmd, &root, extra)
+}
+
+fn wan(rtt_ms: u64, link: LinkConfig, seed: u64) -> Emulator {
+    let mut config = Config::symmetric(link, Duration::from_millis(rtt_ms));
+    config.seed = seed;
+    Emulator::start(config).expect("the emulated path starts")
+}
+
+#[test]
+fn a_tree_crosses_a_long_lossy_path_intact() {
+    if skip() {
+        return;
+    }
+    let seed = 11;
+    let emu = wan(
+        50,
+        LinkConfig {
+            rate_bps: 500_000_000,
+            buffer: 4_000_000,
+            loss: 0.0001,
+            ..LinkConfig::default()
+        },
+        seed,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_right(&emu, dir.path(), &[]);
+    let src = dir.path().join("src/tree");
+    odd_tree(&src);
+    write_pattern(&src.join("bulk.bin"), 24 << 20, 3);
+
+    let run = cp_via(
+        emu.left(wanxfer_bin()),
+        [src.as_os_str(), &server.url("copy")],
+    );
+    run.assert_ok();
+    assert_same_tree(&src, &server.root.join("copy"), true);
+    let report = emu.stop().unwrap();
+    eprintln!("seed {seed}: {:?}", report.forward);
+    assert_eq!(report.tun_tx_dropped, [Some(0), Some(0)]);
+}
+
+#[test]
+fn corruption_tcp_cannot_see_is_caught_and_never_written() {
+    if skip() {
+        return;
+    }
+    let seed = 5;
+    let emu = wan(
+        2,
+        LinkConfig {
+            corrupt: 0.002,
+            ..LinkConfig::default()
+        },
+        seed,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_right(&emu, dir.path(), &[]);
+    let src = dir.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    for i in 0..8 {
+        write_pattern(&src.join(format!("f{i}.bin")), 4 << 20, i);
+    }
+    let run = cp_via(
+        emu.left(wanxfer_bin()),
+        [src.as_os_str(), &server.url("dst")],
+    );
+    let report = emu.stop().unwrap();
+    assert!(
+        report.forward.corrupted > 0,
+        "seed {seed}: the path corrupted something"
+    );
+    assert!(
+        matches!(run.code, 5 | 6),
+        "seed {seed}: corruption reported as integrity or protocol error: {run:#?}"
+    );
+    // Whatever reached its final name is exactly the source.
+    let dst = server.root.join("dst");
+    if dst.exists() {
+        for (name, node) in snapshot(&dst) {
+            let original = src.join(OsStr::new(std::str::from_utf8(&name).unwrap()));
+            assert_eq!(node, common::node(&original), "{name:?} is intact");
+        }
+    }
+    assert!(temp_files(&server.root).is_empty(), "no partial file left");
+}
+
+#[test]
+fn a_cut_mid_transfer_ends_with_a_network_error_and_no_final_name() {
+    if skip() {
+        return;
+    }
+    let mut config = Config::symmetric(
+        LinkConfig {
+            rate_bps: 100_000_000,
+            ..LinkConfig::default()
+        },
+        Duration::from_millis(10),
+    );
+    config.outages.push(Outage {
+        from: Duration::from_millis(2500),
+        to: Duration::from_secs(3600),
+        both_ways: true,
+    });
+    let emu = Emulator::start(config).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_right(&emu, dir.path(), &["--stall-timeout", "4"]);
+    let src = dir.path().join("big.bin");
+    write_pattern(&src, 64 << 20, 9); // about 5 s at 100 Mbit/s: the cut comes mid-way
+    let run = cp_via(
+        emu.left(wanxfer_bin()),
+        [
+            OsStr::new("--stall-timeout"),
+            OsStr::new("4"),
+            src.as_os_str(),
+            &server.url("big.bin"),
+        ],
+    );
+    let report = emu.stop().unwrap();
+    eprintln!("{run:?}\n{:?}", report.forward);
+    assert!(
+        report.forward.dropped_cut > 0,
+        "the cut happened mid-transfer"
+    );
+    run.assert_code(4);
+    assert!(
+        !server.root.join("big.bin").exists(),
+        "no file under its final name"
+    );
+}
