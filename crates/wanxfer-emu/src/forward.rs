@@ -1,5 +1,6 @@
-//! The forwarder: one thread that reads packets from both TUN devices, asks each
-//! direction's [`Link`] what becomes of them, and writes them to the other side when
+//! The forwarder: one thread that reads frames (virtio-net header + packet, a packet
+//! often being a 64 KB GSO batch) from both TUN devices, asks each direction's [`Link`]
+//! what becomes of each MSS segment, and writes them to the other side when
 //! their time comes. Between events it sleeps in `ppoll` with a timeout to the next
 //! delivery (timer slack set to the minimum), so an idle link costs nothing and a busy
 //! one is paced to the microsecond.
@@ -13,7 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::link::{Fate, Link};
+use crate::link::{Decision, Link};
+use crate::packet::{self, VnetHdr, VNET_HDR_LEN};
 use crate::{Config, Outage, Report};
 
 /// Packets read from one device before looking at the clock again.
@@ -23,13 +25,45 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(50);
 /// The longest sleep, so that a stop request is seen promptly.
 const MAX_SLEEP: Duration = Duration::from_millis(50);
 
-/// A packet waiting for its delivery time; ordered by time, then arrival.
+/// Room for the largest GSO batch a TUN hands over (64 KB) and its virtio-net header.
+const FRAME_MAX: usize = 128 * 1024;
+
+/// A frame (virtio-net header + packet) waiting for its delivery time; ordered by time,
+/// then arrival.
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 struct Pending {
     at: u64,
     seq: u64,
     dir: usize,
+    /// Segments and wire bytes it stands for.
+    segments: u64,
+    wire: u64,
     data: Vec<u8>,
+}
+
+/// Frames on their way, in delivery order.
+#[derive(Default)]
+struct DelayLine {
+    heap: BinaryHeap<Reverse<Pending>>,
+    seq: u64,
+}
+
+impl DelayLine {
+    fn push(&mut self, dir: usize, at: u64, segments: u64, wire: u64, data: Vec<u8>) {
+        self.seq += 1;
+        self.heap.push(Reverse(Pending {
+            at,
+            seq: self.seq,
+            dir,
+            segments,
+            wire,
+            data,
+        }));
+    }
+
+    fn next_at(&self) -> Option<u64> {
+        self.heap.peek().map(|Reverse(p)| p.at)
+    }
 }
 
 pub fn run(
@@ -50,13 +84,12 @@ pub fn run(
     ];
     let start = Instant::now();
     let cpu_start = thread_cpu_seconds();
-    let mut queue: BinaryHeap<Reverse<Pending>> = BinaryHeap::new();
-    let mut buf = vec![0u8; 65_536];
-    let mut seq = 0u64;
+    let mut line = DelayLine::default();
+    let mut buf = vec![0u8; FRAME_MAX];
     let mut published = Duration::ZERO;
     while !stop.load(Ordering::Relaxed) {
         let now = start.elapsed();
-        deliver_due(&mut queue, &mut devices, &mut links, now.as_nanos() as u64)?;
+        deliver_due(&mut line, &mut devices, &mut links, now.as_nanos() as u64)?;
         for dir in 0..2 {
             for _ in 0..READ_BATCH {
                 let n = match devices[dir].read(&mut buf) {
@@ -66,21 +99,9 @@ pub fn run(
                     Err(e) => return Err(e),
                 };
                 let now = start.elapsed();
-                let mut packet = buf[..n].to_vec();
                 let cut = in_outage(&config.outages, now, dir);
-                if let Fate::Deliver(times) =
-                    links[dir].admit(&mut packet, now.as_nanos() as u64, cut)
-                {
-                    for at in times {
-                        seq += 1;
-                        queue.push(Reverse(Pending {
-                            at,
-                            seq,
-                            dir,
-                            data: packet.clone(),
-                        }));
-                    }
-                }
+                let now = now.as_nanos() as u64;
+                admit_frame(&buf[..n], dir, &mut links[dir], &mut line, now, cut);
             }
         }
         let now = start.elapsed();
@@ -88,7 +109,7 @@ pub fn run(
             publish(report, &links, start, cpu_start);
             published = now;
         }
-        let next = queue.peek().map(|Reverse(p)| Duration::from_nanos(p.at));
+        let next = line.next_at().map(Duration::from_nanos);
         let sleep = next.map_or(MAX_SLEEP, |at| at.saturating_sub(now).min(MAX_SLEEP));
         if !sleep.is_zero() {
             wait_readable(&devices, sleep)?;
@@ -98,16 +119,90 @@ pub fn run(
     Ok(())
 }
 
+/// Takes one frame read from a TUN through `link`: a GSO batch whose segments are all
+/// simply delivered travels whole, arriving with its last segment; otherwise it is split
+/// and each segment meets its own fate.
+fn admit_frame(
+    frame: &[u8],
+    dir: usize,
+    link: &mut Link,
+    line: &mut DelayLine,
+    now: u64,
+    cut: bool,
+) {
+    let Some(hdr) = VnetHdr::parse(frame) else {
+        return;
+    };
+    let packet = &frame[VNET_HDR_LEN..];
+    let Some(batch) = packet::gso_batch(&hdr, packet) else {
+        let decision = link.decide(packet.len(), now, cut);
+        place(frame.to_vec(), hdr, decision, dir, link, line);
+        return;
+    };
+    link.counters.gso_batches += 1;
+    let decisions: Vec<Decision> = (0..batch.segments())
+        .map(|i| link.decide(batch.segment_len(i), now, cut))
+        .collect();
+    if decisions.iter().all(Decision::is_plain) {
+        let at = decisions.iter().filter_map(arrival).max().unwrap_or(now);
+        let segments = decisions.len() as u64;
+        line.push(dir, at, segments, batch.wire_len() as u64, frame.to_vec());
+        return;
+    }
+    link.counters.gso_split += 1;
+    for (segment, decision) in packet::split(packet, &batch).into_iter().zip(decisions) {
+        place(segment, VnetHdr::default(), decision, dir, link, line);
+    }
+}
+
+fn arrival(decision: &Decision) -> Option<u64> {
+    match decision {
+        Decision::Deliver { at, .. } => Some(*at),
+        Decision::Dropped => None,
+    }
+}
+
+/// Puts one single-segment frame on the delay line as `decision` says.
+fn place(
+    mut frame: Vec<u8>,
+    mut hdr: VnetHdr,
+    decision: Decision,
+    dir: usize,
+    link: &mut Link,
+    line: &mut DelayLine,
+) {
+    let Decision::Deliver {
+        at,
+        duplicate,
+        corrupt,
+        ..
+    } = decision
+    else {
+        return;
+    };
+    if let Some(pick) = corrupt {
+        let (head, packet) = frame.split_at_mut(VNET_HDR_LEN);
+        packet::finish_checksum(&mut hdr, packet);
+        head.copy_from_slice(&hdr.encode());
+        link.corrupt(packet, pick);
+    }
+    let wire = (frame.len() - VNET_HDR_LEN) as u64;
+    if duplicate {
+        line.push(dir, at + 1, 1, wire, frame.clone());
+    }
+    line.push(dir, at, 1, wire, frame);
+}
+
 fn deliver_due(
-    queue: &mut BinaryHeap<Reverse<Pending>>,
+    line: &mut DelayLine,
     devices: &mut [File; 2],
     links: &mut [Link; 2],
     now: u64,
 ) -> io::Result<()> {
-    while queue.peek().is_some_and(|Reverse(p)| p.at <= now) {
-        let Reverse(p) = queue.pop().expect("peeked");
+    while line.next_at().is_some_and(|at| at <= now) {
+        let Reverse(p) = line.heap.pop().expect("peeked");
         match devices[1 - p.dir].write(&p.data) {
-            Ok(_) => links[p.dir].delivered(p.data.len()),
+            Ok(_) => links[p.dir].delivered(p.segments, p.wire),
             // The far stack would not take it: as if lost on the wire.
             Err(e)
                 if matches!(

@@ -68,6 +68,10 @@ pub struct Counters {
     pub corrupted: u64,
     pub duplicated: u64,
     pub reordered: u64,
+    /// GSO batches (several segments in one frame) read from the TUN.
+    pub gso_batches: u64,
+    /// Batches split because a segment was dropped, corrupted, reordered or duplicated.
+    pub gso_split: u64,
     /// Most bytes the bottleneck queue held.
     pub queue_high_water: u64,
 }
@@ -78,6 +82,38 @@ pub struct Counters {
 pub enum Fate {
     Dropped,
     Deliver(Vec<u64>),
+}
+
+/// What becomes of one segment; `Deliver` with nothing set is the common case in which
+/// a GSO batch stays whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Dropped,
+    Deliver {
+        /// When it reaches the far side (ns of the emulator's clock).
+        at: u64,
+        /// Deliver a second copy just after.
+        duplicate: bool,
+        /// Flip a payload byte chosen by this number.
+        corrupt: Option<u64>,
+        /// Held back by the reorder gap.
+        reordered: bool,
+    },
+}
+
+impl Decision {
+    /// Delivered unchanged, once, in order.
+    pub fn is_plain(&self) -> bool {
+        matches!(
+            self,
+            Decision::Deliver {
+                duplicate: false,
+                corrupt: None,
+                reordered: false,
+                ..
+            }
+        )
+    }
 }
 
 /// One direction of the link.
@@ -102,44 +138,78 @@ impl Link {
     /// Decides what happens to `packet` arriving at `now` (ns); may corrupt it in place.
     /// `cut` says the link is down at this moment.
     pub fn admit(&mut self, packet: &mut [u8], now: u64, cut: bool) -> Fate {
-        let len = packet.len() as u64;
+        match self.decide(packet.len(), now, cut) {
+            Decision::Dropped => Fate::Dropped,
+            Decision::Deliver {
+                at,
+                duplicate,
+                corrupt,
+                ..
+            } => {
+                if let Some(pick) = corrupt {
+                    self.corrupt(packet, pick);
+                }
+                let mut times = vec![at];
+                if duplicate {
+                    times.push(at + 1);
+                }
+                Fate::Deliver(times)
+            }
+        }
+    }
+
+    /// Decides what happens to one segment of `len` wire bytes arriving at `now` (ns),
+    /// without touching it (the forwarder asks for each segment of a GSO batch, and
+    /// splits the batch only if one of them is not simply delivered).
+    pub fn decide(&mut self, len: usize, now: u64, cut: bool) -> Decision {
+        let len = len as u64;
         self.counters.packets_in += 1;
         self.counters.bytes_in += len;
         if cut {
             self.counters.dropped_cut += 1;
-            return Fate::Dropped;
+            return Decision::Dropped;
         }
         if self.chance(self.cfg.loss) {
             self.counters.dropped_loss += 1;
-            return Fate::Dropped;
+            return Decision::Dropped;
         }
-        if self.chance(self.cfg.corrupt) {
-            let pick = self.rng.random::<u64>();
-            if packet::corrupt_tcp_payload(packet, pick) {
-                self.counters.corrupted += 1;
-            }
-        }
+        let corrupt = self
+            .chance(self.cfg.corrupt)
+            .then(|| self.rng.random::<u64>());
         let Some(departure) = self.enqueue(len, now) else {
             self.counters.dropped_queue += 1;
-            return Fate::Dropped;
+            return Decision::Dropped;
         };
         let mut at = departure + self.cfg.delay.as_nanos() as u64 + self.jitter();
-        if self.chance(self.cfg.reorder) {
+        let reordered = self.chance(self.cfg.reorder);
+        if reordered {
             at += self.cfg.reorder_gap.as_nanos() as u64;
             self.counters.reordered += 1;
         }
-        let mut times = vec![at];
-        if self.chance(self.cfg.duplicate) {
-            times.push(at + 1);
+        let duplicate = self.chance(self.cfg.duplicate);
+        if duplicate {
             self.counters.duplicated += 1;
         }
-        Fate::Deliver(times)
+        Decision::Deliver {
+            at,
+            duplicate,
+            corrupt,
+            reordered,
+        }
     }
 
-    /// Counts a delivery (the caller wrote the packet to the far side).
-    pub fn delivered(&mut self, len: usize) {
-        self.counters.packets_out += 1;
-        self.counters.bytes_out += len as u64;
+    /// Applies a corruption decision to a segment; counts it if it took (TCP with payload).
+    pub fn corrupt(&mut self, packet: &mut [u8], pick: u64) {
+        if packet::corrupt_tcp_payload(packet, pick) {
+            self.counters.corrupted += 1;
+        }
+    }
+
+    /// Counts a delivery of `segments` segments, `bytes` on the wire (the caller wrote
+    /// them to the far side).
+    pub fn delivered(&mut self, segments: u64, bytes: u64) {
+        self.counters.packets_out += segments;
+        self.counters.bytes_out += bytes;
     }
 
     /// Puts `len` bytes in the bottleneck queue at `now`; `None` if the buffer is full.

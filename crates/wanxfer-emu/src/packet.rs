@@ -1,6 +1,189 @@
-//! Just enough IPv4/TCP parsing to corrupt a payload byte the way a bad line card or
+//! Just enough IPv4/TCP handling for the forwarder: the virtio-net header the TUN devices
+//! put in front of each packet, splitting a GSO batch (up to 64 KB of TCP sent as one
+//! packet, thanks to TSO on the TUN) into the MSS-sized segments it stands for, with IP
+//! and TCP headers fixed up, and corrupting a payload byte the way a bad line card or
 //! memory does on a long path: silently, with the TCP checksum fixed up so that TCP
 //! accepts the segment and only an end-to-end check (wanxfer's block CRC) can catch it.
+//!
+//! Not handled (passed through whole, never split): IPv6 and UDP batches; the namespaces
+//! only carry IPv4 and the TUN devices only offer TSO for IPv4.
+
+/// Bytes of the virtio-net header in front of every packet on the TUN devices.
+pub const VNET_HDR_LEN: usize = 10;
+/// The packet's checksum is partial: compute it from `csum_start`, store at `+csum_offset`.
+const F_NEEDS_CSUM: u8 = 1;
+/// A TCP over IPv4 batch to be cut into `gso_size` payloads.
+const GSO_TCPV4: u8 = 1;
+const GSO_ECN: u8 = 0x80;
+
+/// `struct virtio_net_hdr` (little-endian, as the TUN device uses on this host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VnetHdr {
+    pub flags: u8,
+    pub gso_type: u8,
+    pub hdr_len: u16,
+    pub gso_size: u16,
+    pub csum_start: u16,
+    pub csum_offset: u16,
+}
+
+impl VnetHdr {
+    /// Reads the header from the first [`VNET_HDR_LEN`] bytes of a frame.
+    pub fn parse(frame: &[u8]) -> Option<VnetHdr> {
+        let b = frame.get(..VNET_HDR_LEN)?;
+        let le = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        Some(VnetHdr {
+            flags: b[0],
+            gso_type: b[1],
+            hdr_len: le(2),
+            gso_size: le(4),
+            csum_start: le(6),
+            csum_offset: le(8),
+        })
+    }
+
+    pub fn encode(&self) -> [u8; VNET_HDR_LEN] {
+        let mut b = [0u8; VNET_HDR_LEN];
+        b[0] = self.flags;
+        b[1] = self.gso_type;
+        b[2..4].copy_from_slice(&self.hdr_len.to_le_bytes());
+        b[4..6].copy_from_slice(&self.gso_size.to_le_bytes());
+        b[6..8].copy_from_slice(&self.csum_start.to_le_bytes());
+        b[8..10].copy_from_slice(&self.csum_offset.to_le_bytes());
+        b
+    }
+}
+
+/// The shape of a TCP/IPv4 GSO batch: what each of its segments carries on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    /// IP + TCP header bytes, repeated in every segment.
+    pub headers: usize,
+    /// Payload bytes per segment (the last may carry fewer).
+    pub mss: usize,
+    /// Payload bytes of the whole batch.
+    pub payload: usize,
+}
+
+impl Batch {
+    pub fn segments(&self) -> usize {
+        self.payload.div_ceil(self.mss)
+    }
+
+    /// Wire bytes (IP packet length) of segment `i`.
+    pub fn segment_len(&self, i: usize) -> usize {
+        self.headers + self.mss.min(self.payload - i * self.mss)
+    }
+
+    /// Wire bytes of all segments together.
+    pub fn wire_len(&self) -> usize {
+        self.segments() * self.headers + self.payload
+    }
+}
+
+/// The batch a packet stands for, if the TUN handed over a TCP/IPv4 GSO batch of more
+/// than one segment; `None` for a packet that is already one segment on the wire.
+pub fn gso_batch(hdr: &VnetHdr, packet: &[u8]) -> Option<Batch> {
+    if hdr.gso_type & !GSO_ECN != GSO_TCPV4 || hdr.gso_size == 0 {
+        return None;
+    }
+    let (_, payload_start) = tcp_payload(packet)?;
+    let batch = Batch {
+        headers: payload_start,
+        mss: usize::from(hdr.gso_size),
+        payload: packet.len() - payload_start,
+    };
+    (batch.segments() > 1).then_some(batch)
+}
+
+/// Cuts a batch into its segments, each a frame (a zero virtio-net header, then the
+/// packet) with its own IP length, IP id, IP checksum, TCP sequence number, flags
+/// (FIN and PSH only on the last, CWR only on the first) and complete TCP checksum, as
+/// the sender's NIC would have put them on the wire.
+pub fn split(packet: &[u8], batch: &Batch) -> Vec<Vec<u8>> {
+    let ip_len = usize::from(packet[0] & 0x0f) * 4;
+    let id = u16::from_be_bytes([packet[4], packet[5]]);
+    let seq = u32::from_be_bytes(packet[ip_len + 4..ip_len + 8].try_into().expect("4 bytes"));
+    let (headers, payload) = packet.split_at(batch.headers);
+    let last = batch.segments() - 1;
+    payload
+        .chunks(batch.mss)
+        .enumerate()
+        .map(|(i, chunk)| {
+            let mut frame = Vec::with_capacity(VNET_HDR_LEN + headers.len() + chunk.len());
+            frame.extend_from_slice(&[0; VNET_HDR_LEN]);
+            frame.extend_from_slice(headers);
+            frame.extend_from_slice(chunk);
+            let p = &mut frame[VNET_HDR_LEN..];
+            let total = p.len() as u16;
+            p[2..4].copy_from_slice(&total.to_be_bytes());
+            p[4..6].copy_from_slice(&id.wrapping_add(i as u16).to_be_bytes());
+            let seg_seq = seq.wrapping_add((i * batch.mss) as u32);
+            p[ip_len + 4..ip_len + 8].copy_from_slice(&seg_seq.to_be_bytes());
+            if i != last {
+                p[ip_len + 13] &= !(0x01 | 0x08); // FIN, PSH
+            }
+            if i != 0 {
+                p[ip_len + 13] &= !0x80; // CWR
+            }
+            ipv4_checksum(p);
+            tcp_checksum(p, ip_len);
+            frame
+        })
+        .collect()
+}
+
+/// Completes a partial checksum the sender's stack left for the NIC (the field holds the
+/// pseudo-header sum; the sum from `csum_start` to the end, folded and inverted, is the
+/// checksum) and clears the flag, so that the packet can be changed and re-checksummed.
+pub fn finish_checksum(hdr: &mut VnetHdr, packet: &mut [u8]) {
+    if hdr.flags & F_NEEDS_CSUM == 0 {
+        return;
+    }
+    let start = usize::from(hdr.csum_start);
+    let at = start + usize::from(hdr.csum_offset);
+    if at + 2 > packet.len() {
+        return;
+    }
+    let sum = !fold(sum16(&packet[start..]));
+    packet[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+    hdr.flags &= !F_NEEDS_CSUM;
+}
+
+fn ipv4_checksum(p: &mut [u8]) {
+    let ip_len = usize::from(p[0] & 0x0f) * 4;
+    p[10..12].fill(0);
+    let sum = !fold(sum16(&p[..ip_len]));
+    p[10..12].copy_from_slice(&sum.to_be_bytes());
+}
+
+fn tcp_checksum(p: &mut [u8], ip_len: usize) {
+    p[ip_len + 16..ip_len + 18].fill(0);
+    let tcp_len = (p.len() - ip_len) as u64;
+    let sum = sum16(&p[12..20]) + 6 + tcp_len + sum16(&p[ip_len..]);
+    let sum = !fold(sum);
+    p[ip_len + 16..ip_len + 18].copy_from_slice(&sum.to_be_bytes());
+}
+
+/// Big-endian 16-bit words summed without folding (odd tail padded with zero).
+fn sum16(bytes: &[u8]) -> u64 {
+    let mut chunks = bytes.chunks_exact(2);
+    let mut sum: u64 = chunks
+        .by_ref()
+        .map(|w| u64::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    if let [tail] = chunks.remainder() {
+        sum += u64::from(*tail) << 8;
+    }
+    sum
+}
+
+fn fold(mut sum: u64) -> u16 {
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
 
 /// Flips one payload byte of an IPv4 TCP segment (chosen by `pick`) and updates the TCP
 /// checksum incrementally (RFC 1624). Returns false, leaving the packet alone, for
@@ -117,6 +300,89 @@ mod tests {
                 assert!(tcp_checksum_ok(&p), "len {len} pick {pick}: checksum fixed");
             }
         }
+    }
+
+    /// A GSO batch as the sender's stack hands it over: headers once, a partial checksum.
+    fn batch_packet(payload_len: usize, flags: u8) -> Vec<u8> {
+        let payload: Vec<u8> = (0..payload_len).map(|i| (i * 7) as u8).collect();
+        let mut p = segment(&payload);
+        p[4..6].copy_from_slice(&100u16.to_be_bytes());
+        p[6] = 0x40; // DF
+        p[24..28].copy_from_slice(&0xffff_fff0u32.to_be_bytes()); // wraps inside
+        p[33] = flags;
+        p[36..38].copy_from_slice(&[0x12, 0x34]); // garbage: split recomputes
+        p
+    }
+
+    fn ip_checksum_ok(p: &[u8]) -> bool {
+        fold(sum16(&p[..20])) == 0xffff
+    }
+
+    #[test]
+    fn a_batch_splits_into_valid_segments_with_headers_fixed_up() {
+        let hdr = VnetHdr {
+            gso_type: GSO_TCPV4,
+            gso_size: 1448,
+            ..VnetHdr::default()
+        };
+        let packet = batch_packet(3 * 1448 + 100, 0x18 | 0x80 | 0x01); // PSH ACK CWR FIN
+        let batch = gso_batch(&hdr, &packet).expect("a batch");
+        assert_eq!(batch.segments(), 4);
+        assert_eq!(batch.wire_len(), 4 * 40 + 3 * 1448 + 100);
+        let segs = split(&packet, &batch);
+        assert_eq!(segs.len(), 4);
+        let mut rebuilt = Vec::new();
+        for (i, frame) in segs.iter().enumerate() {
+            assert_eq!(frame[..VNET_HDR_LEN], [0; VNET_HDR_LEN]);
+            let p = &frame[VNET_HDR_LEN..];
+            assert_eq!(p.len(), batch.segment_len(i));
+            assert_eq!(usize::from(u16::from_be_bytes([p[2], p[3]])), p.len());
+            assert_eq!(u16::from_be_bytes([p[4], p[5]]), 100 + i as u16);
+            let seq = u32::from_be_bytes(p[24..28].try_into().unwrap());
+            assert_eq!(seq, 0xffff_fff0u32.wrapping_add(1448 * i as u32));
+            let flags = p[33];
+            assert_eq!(flags & 0x10, 0x10, "ACK everywhere");
+            assert_eq!(flags & 0x80 != 0, i == 0, "CWR on the first only");
+            assert_eq!(flags & 0x09 != 0, i == 3, "FIN, PSH on the last only");
+            assert!(ip_checksum_ok(p), "segment {i}: IP checksum");
+            assert!(tcp_checksum_ok(p), "segment {i}: TCP checksum");
+            rebuilt.extend_from_slice(&p[40..]);
+        }
+        assert_eq!(rebuilt, packet[40..], "payload preserved in order");
+    }
+
+    #[test]
+    fn one_segment_packets_and_other_kinds_are_not_batches() {
+        let mut hdr = VnetHdr {
+            gso_type: GSO_TCPV4,
+            gso_size: 1448,
+            ..VnetHdr::default()
+        };
+        assert_eq!(gso_batch(&hdr, &batch_packet(1448, 0x10)), None);
+        assert!(gso_batch(&hdr, &batch_packet(1449, 0x10)).is_some());
+        hdr.gso_type = 4; // TCPv6
+        assert_eq!(gso_batch(&hdr, &batch_packet(5000, 0x10)), None);
+    }
+
+    #[test]
+    fn a_partial_checksum_is_completed() {
+        let full = segment(&[9u8; 301]);
+        // What the stack leaves for the NIC: the pseudo-header sum, not inverted.
+        let mut partial = full.clone();
+        let pseudo = fold(sum16(&full[12..20]) + 6 + (full.len() - 20) as u64);
+        partial[36..38].copy_from_slice(&pseudo.to_be_bytes());
+        let mut hdr = VnetHdr {
+            flags: F_NEEDS_CSUM,
+            csum_start: 20,
+            csum_offset: 16,
+            ..VnetHdr::default()
+        };
+        finish_checksum(&mut hdr, &mut partial);
+        assert_eq!(hdr.flags, 0);
+        assert!(tcp_checksum_ok(&partial));
+        assert_eq!(partial, full);
+        let parsed = VnetHdr::parse(&hdr.encode()).unwrap();
+        assert_eq!(parsed, hdr);
     }
 
     #[test]
