@@ -27,6 +27,7 @@ mod conn;
 mod error;
 mod info;
 mod mr;
+pub mod pingpong;
 
 pub use buf::{AlignedBuf, RegisterMem, PAGE};
 pub use channel::{Channel, ChannelConfig, Credit, Event};

@@ -54,6 +54,53 @@ pub struct BenchArgs {
     pub secret_file: Option<PathBuf>,
     #[command(flatten)]
     pub transport: crate::args::TransportArgs,
+    /// Instead of the bandwidth sweep: ping-pong latency by message size (8 B to 4 MiB),
+    /// RDMA write over --provider against TCP, both ends in this process on loopback.
+    #[arg(long)]
+    pub latency: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct LatencyPoint {
+    bytes: usize,
+    tcp_us: f64,
+    fabric_us: f64,
+}
+
+/// `wanxfer bench --latency` (jin2005 §4.1, tian2011 Fig. 5).
+fn latency(args: &BenchArgs) -> Result<(), Error> {
+    use wanxfer_fabric::pingpong::{fabric_pingpong, tcp_pingpong, SIZES};
+    let ip = std::net::IpAddr::from([127, 0, 0, 1]);
+    let iters = 200;
+    let provider = &args.transport.provider;
+    let fabric = fabric_pingpong(provider, ip, &SIZES, iters).map_err(|e| {
+        Error::network(
+            "ping-pong over fabric",
+            provider,
+            std::io::Error::other(e.to_string()),
+        )
+    })?;
+    let tcp =
+        tcp_pingpong(ip, &SIZES, iters).map_err(|e| Error::network("ping-pong over tcp", ip, e))?;
+    println!("one-way latency, median of {iters} round trips / 2 (fabric provider {provider})");
+    println!("{:>9} {:>10} {:>10}", "bytes", "tcp us", "fabric us");
+    let points: Vec<LatencyPoint> = SIZES
+        .iter()
+        .zip(tcp.iter().zip(&fabric))
+        .map(|(&bytes, (t, f))| LatencyPoint {
+            bytes,
+            tcp_us: t * 1e6,
+            fabric_us: f * 1e6,
+        })
+        .collect();
+    for p in &points {
+        println!("{:>9} {:>10.1} {:>10.1}", p.bytes, p.tcp_us, p.fabric_us);
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&points).expect("plain data serializes");
+        std::fs::write(path, text).map_err(|e| Error::local("write", path.display(), e))?;
+    }
+    Ok(())
 }
 
 #[derive(Debug, Serialize, Clone)]
@@ -136,6 +183,9 @@ impl Drop for LocalServer {
 }
 
 pub fn run(args: &BenchArgs) -> Result<(), Error> {
+    if args.latency {
+        return latency(args);
+    }
     let (secret, local) = match &args.server {
         Some(_) => (
             crate::secret::for_client(args.secret_file.as_deref())?,

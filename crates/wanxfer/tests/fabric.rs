@@ -266,3 +266,25 @@ fn more_slots_than_control_window_still_close_cleanly() {
         .assert_ok();
     }
 }
+
+#[test]
+fn bench_measures_ping_pong_latency_over_both_transports() {
+    if !fabric_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("latency.json");
+    let status = std::process::Command::new(wanxfer_bin())
+        .args(["bench", "--latency", "--json"])
+        .arg(&json)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let points: serde_json::Value = serde_json::from_slice(&fs::read(&json).unwrap()).unwrap();
+    let points = points.as_array().unwrap();
+    assert_eq!(points.len(), 11, "8 B to 4 MiB");
+    for p in points {
+        assert!(p["tcp_us"].as_f64().unwrap() > 0.0 && p["fabric_us"].as_f64().unwrap() > 0.0);
+    }
+}

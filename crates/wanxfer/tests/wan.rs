@@ -158,3 +158,41 @@ fn a_cut_mid_transfer_ends_with_a_network_error_and_no_final_name() {
         "no file under its final name"
     );
 }
+
+#[test]
+fn the_fabric_transport_crosses_a_long_lossy_path_too() {
+    if skip() {
+        return;
+    }
+    let fabric_ok = std::process::Command::new("fi_info")
+        .args(["-p", "tcp", "-t", "FI_EP_MSG"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !fabric_ok {
+        eprintln!("skipped: libfabric's tcp provider is not available");
+        return;
+    }
+    let seed = 17;
+    let emu = wan(
+        20,
+        LinkConfig {
+            rate_bps: 300_000_000,
+            buffer: 2_000_000,
+            loss: 0.0001,
+            ..LinkConfig::default()
+        },
+        seed,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let fabric = ["--transport", "fabric", "--provider", "tcp"];
+    let server = serve_right(&emu, dir.path(), &fabric);
+    let src = dir.path().join("src/tree");
+    odd_tree(&src);
+    let mut args: Vec<&OsStr> = fabric.iter().map(OsStr::new).collect();
+    let url = server.url("copy");
+    args.extend([src.as_os_str(), &url]);
+    cp_via(emu.left(wanxfer_bin()), args).assert_ok();
+    assert_same_tree(&src, &server.root.join("copy"), true);
+    let report = emu.stop().unwrap();
+    eprintln!("seed {seed}: {:?}", report.forward);
+}
