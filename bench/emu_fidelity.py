@@ -39,10 +39,10 @@ def ping_rtt(rtt_ms, count):
     return min(times), sum(times) / len(times), max(times)
 
 
-def iperf(settings, seconds):
+def iperf(settings, seconds, omit=2):
     out, report = emu(
         settings,
-        f"taskset -c 0 iperf3 -c 10.77.0.2 -t {seconds} -O 2 -J",
+        f"taskset -c 0 iperf3 -c 10.77.0.2 -t {seconds} -O {omit} -J",
         "iperf3 -s -1 >/dev/null 2>&1",
     )
     j = json.loads(out)
@@ -59,7 +59,9 @@ def main():
         sys.exit("needs root (network namespaces)")
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "wanxfer-emu"], cwd=ROOT, check=True)
     secs = 4 if a.quick else 8
-    lines = ["# wanxfer-emu fidelity", "", f"Machine: {os.cpu_count()} cores; emulator pinned to core 1, endpoints to core 0.", ""]
+    load = open("/proc/loadavg").read().split()[:3]
+    lines = ["# wanxfer-emu fidelity", "", f"Machine: {os.cpu_count()} cores; emulator pinned to core 1, endpoints to core 0; "
+             f"load average at start {' '.join(load)} (other jobs share the cores).", ""]
 
     lines += ["## Delay (ping, 40 probes)", "", "| RTT set | min | mean | max | mean - set |", "|---|---|---|---|---|"]
     for rtt in (10, 50, 100, 200):
@@ -68,8 +70,11 @@ def main():
         print(lines[-1], flush=True)
 
     lines += ["", f"## Bottleneck rate (iperf3 one stream, {secs} s after 2 s omitted; buffer = max(1 MB, BDP))", "",
-              "| rate set | RTT | measured | ratio | queue drops | TUN drops | emulator CPU |", "|---|---|---|---|---|---|---|"]
-    rates = [("100mbit", 1e8), ("500mbit", 5e8), ("1gbit", 1e9), ("2gbit", 2e9), ("5gbit", 5e9)]
+              "Goodput ceiling = rate x 1448/1500 (the rate counts IP bytes on the wire; TCP with",
+              "timestamps carries 1448 payload bytes per 1500-byte packet).", "",
+              "| rate set | RTT | measured | ratio to rate | ratio to goodput ceiling | queue drops | TUN drops | write drops | GSO batches split | emulator CPU |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    rates = [("100mbit", 1e8), ("500mbit", 5e8), ("1gbit", 1e9), ("2gbit", 2e9), ("5gbit", 5e9), ("10gbit", 1e10)]
     rtts = [1, 50] if a.quick else [1, 50, 200]
     for name, bps in rates:
         for rtt in rtts:
@@ -78,16 +83,19 @@ def main():
                         "--tcp-mem", str(max(64 << 20, 4 * bdp))]
             got, _, rep = iperf(settings, secs)
             cpu = rep["cpu_seconds"] / max(rep["wall_seconds"], 1e-9) * 100
-            lines.append(f"| {name} | {rtt} ms | {got / 1e9:.3f} Gbit/s | {got / bps:.3f} | {rep['forward']['dropped_queue']} | {rep['tun_tx_dropped']} | {cpu:.0f}% |")
+            fw = rep["forward"]
+            split = f"{fw.get('gso_split', 0)}/{fw.get('gso_batches', 0)}"
+            lines.append(f"| {name} | {rtt} ms | {got / 1e9:.3f} Gbit/s | {got / bps:.3f} | {got / (bps * 1448 / 1500):.3f} | "
+                         f"{fw['dropped_queue']} | {rep['tun_tx_dropped']} | {fw.get('dropped_write', 0)} | {split} | {cpu:.0f}% |")
             print(lines[-1], flush=True)
 
-    lines += ["", "## Loss and reordering (500 Mbit/s, 20 ms RTT)", "",
+    lines += ["", "## Loss and reordering (500 Mbit/s, 20 ms RTT, whole run counted: no omitted seconds)", "",
               "| setting | realised | sender retransmits | emulator drops (loss + queue) |", "|---|---|---|---|"]
     for label, flags, key in [("loss 1%", ["--loss", "0.01"], "dropped_loss"),
                               ("loss 0.1%", ["--loss", "0.001"], "dropped_loss"),
                               ("reorder 1%", ["--reorder", "0.01"], "reordered")]:
         settings = ["--rtt", "20ms", "--rate", "500mbit", "--buffer", "2MB", "--seed", "3", *flags]
-        _, retrans, rep = iperf(settings, secs)
+        _, retrans, rep = iperf(settings, secs, omit=0)
         f = rep["forward"]
         realised = f[key] / max(f["packets_in"], 1)
         drops = f["dropped_loss"] + f["dropped_queue"]

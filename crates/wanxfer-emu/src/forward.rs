@@ -208,7 +208,10 @@ fn deliver_due(
                 if matches!(
                     e.raw_os_error(),
                     Some(libc::EAGAIN | libc::ENOBUFS | libc::EINVAL)
-                ) => {}
+                ) =>
+            {
+                links[p.dir].counters.dropped_write += p.segments;
+            }
             Err(e) => return Err(e),
         }
     }

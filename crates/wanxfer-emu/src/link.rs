@@ -68,6 +68,9 @@ pub struct Counters {
     pub corrupted: u64,
     pub duplicated: u64,
     pub reordered: u64,
+    /// Segments the far side's TUN refused to take (an unmodelled loss: a valid
+    /// measurement has none).
+    pub dropped_write: u64,
     /// GSO batches (several segments in one frame) read from the TUN.
     pub gso_batches: u64,
     /// Batches split because a segment was dropped, corrupted, reordered or duplicated.
