@@ -440,6 +440,14 @@ def main():
             if wl == "mem":
                 stats = (0, size["mem"])
             else:
+                need = {"big": size["big_mib"] << 20, "small64": size["small64"] * 68 << 10,
+                        "small4": size["small4"] * 8 << 10, "mixed": int(size["mixed_gib"] * GIB)}[wl]
+                st = os.statvfs(work)
+                if st.f_bavail * st.f_frsize < 2.1 * need:
+                    status.update({(t, wl): f"skipped: /dev/shm has {st.f_bavail * st.f_frsize / GIB:.1f} GiB free, "
+                                            f"needs {2.1 * need / GIB:.1f}" for t in tools})
+                    print(f"== {wl}: not enough space in /dev/shm, skipped", flush=True)
+                    continue
                 print(f"== generating {describe_wl(wl, size)}", flush=True)
                 src = gen(work, wl, size)
                 stats = tree_stats(src)
