@@ -397,7 +397,7 @@ def evaluate(best):
 
     wf, sf = g("wanxfer", "small4", "files_per_s"), g("socat", "small4", "files_per_s")
     c = None if wf is None or sf is None else wf >= sf
-    rows.append(("50,000 x 4 KiB files/s >= tar | socat (verified)", verdict(c), f"{fmt(wf, 0)} vs {fmt(sf, 0)} files/s"))
+    rows.append(("50,000 x 4 KiB files/s >= tar \\| socat (verified)", verdict(c), f"{fmt(wf, 0)} vs {fmt(sf, 0)} files/s"))
 
     wx = g("wanxfer", "mixed")
     pb, pt = peers_best("mixed", [t for t in TOOLS if t != "wanxfer"])
