@@ -16,6 +16,7 @@ and server CPU the receiver's; see bench/benchlib.py for how CPU is measured.
 
 usage: bench/peers.py [--quick | --full] [--only TOOL,...] [--workloads W,...] [--repeat N]
                       [--timeout S] [--out-dir bench/runs]
+       bench/peers.py --render bench/runs/peers-DATE.json   # rewrite the .md from recorded JSON
 """
 import argparse
 import datetime
@@ -422,7 +423,10 @@ def main():
     ap.add_argument("--mem-bytes", help="override the memory-to-memory size (e.g. 8GiB)")
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "bench", "runs"))
     ap.add_argument("--tag", default="", help="suffix for the output file names")
+    ap.add_argument("--render", metavar="RUN.json", help="only rewrite RUN.md from a recorded RUN.json")
     a = ap.parse_args()
+    if a.render:
+        return rerender(a.render)
     mode = "full" if a.full else "quick"
     size = dict(SIZES[mode])
     if a.mem_bytes:
@@ -484,6 +488,38 @@ def main():
     load_after = loadavg()
     finished = datetime.datetime.now(datetime.timezone.utc)
 
+    versions = {t: version(t, binary) for t in tools if t == "wanxfer" or installed(t)}
+    mach = {
+        "nproc": os.cpu_count(), "cpu": cpu_model(), "mem_gib": round(mem_gib(), 1),
+        "kernel": os.uname().release, "load_before": load_before, "load_after": load_after,
+        "started": started.isoformat(timespec="seconds"), "finished": finished.isoformat(timespec="seconds"),
+    }
+    doc = {"mode": mode, "command": "bench/peers.py " + " ".join(sys.argv[1:]), "machine": mach,
+           "versions": versions, "sizes": size, "repeat": a.repeat, "timeout": timeout, "tools": tools,
+           "workloads": wls, "runs": runs, "status": {f"{t}/{w}": s for (t, w), s in status.items()}}
+    text = render(doc)
+    print(text)
+    os.makedirs(a.out_dir, exist_ok=True)
+    stem = os.path.join(a.out_dir, f"peers-{started:%Y-%m-%d}{'-' + mode if mode != 'full' else ''}{a.tag}")
+    with open(stem + ".md", "w") as f:
+        f.write(text)
+    with open(stem + ".json", "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"wrote {stem}.md and {stem}.json")
+
+
+def rate(x):
+    return f"{x:.0f}" if x >= 10 else f"{x:.2f}"
+
+
+def render(doc):
+    """Markdown for one run's JSON; also stores the target verdicts in doc["targets"]."""
+    runs, size, mach, mode = doc["runs"], doc["sizes"], doc["machine"], doc["mode"]
+    tools = doc.get("tools", TOOLS)
+    wls = doc.get("workloads", WORKLOADS)
+    status = {tuple(k.split("/", 1)): v for k, v in doc.get("status", {}).items()}
+    timeout = doc.get("timeout", 600 if mode == "full" else 60)
+    started = datetime.datetime.fromisoformat(mach["started"])
     best = {}
     for r in runs:
         if r.get("verified") and "gbit" in r:
@@ -491,26 +527,20 @@ def main():
             key = "files_per_s" if r["workload"] == "small4" else "gbit"
             if k not in best or r[key] > best[k][key]:
                 best[k] = r
-
-    versions = {t: version(t, binary) for t in tools if t == "wanxfer" or installed(t)}
-    mach = {
-        "nproc": os.cpu_count(), "cpu": cpu_model(), "mem_gib": round(mem_gib(), 1),
-        "kernel": os.uname().release, "load_before": load_before, "load_after": load_after,
-        "started": started.isoformat(timespec="seconds"), "finished": finished.isoformat(timespec="seconds"),
-    }
-    cmd = "bench/peers.py " + " ".join(sys.argv[1:])
     lines = [
         f"# wanxfer vs peers ({mode} run, {started:%Y-%m-%d %H:%M} UTC)",
         "",
         f"Machine: {mach['nproc']} cores ({mach['cpu']}), {mach['mem_gib']:.0f} GiB RAM, Linux {mach['kernel']}.",
-        f"Load average (1/5/15 min) before: {load_before}; after: {load_after}.",
-        f"Command: `{cmd}`; repeat {a.repeat}, timeout {timeout:g}s per run; loopback, tmpfs to tmpfs.",
-        "Versions: " + "; ".join(f"{t}: {v}" for t, v in versions.items()) + ".",
+        f"Load average (1/5/15 min) before: {mach['load_before']}; after: {mach['load_after']} "
+        f"(run from {mach['started']} to {mach['finished']}).",
+        f"Command: `{doc['command']}`; repeat {doc.get('repeat', 1)}, timeout {timeout:g}s per run; loopback, "
+        "tmpfs to tmpfs.",
+        "Versions: " + "; ".join(f"{t}: {v}" for t, v in doc["versions"].items()) + ".",
         "",
         "Gbit/s and files/s use the harness's wall clock around each client (until the receiver has exited for "
         "tar | socat). CPU s = user+system seconds from the kernel: client by wait4 rusage, server as the "
         "/proc delta of a fresh server process tree (see bench/README.md). Client = sender, server = receiver. "
-        "Each row is the best verified run over the knob settings tried (listed).",
+        "Each row is the best verified run over the knob settings tried (all runs are listed at the end).",
         "",
     ]
     for wl in wls:
@@ -527,7 +557,7 @@ def main():
             if r:
                 gb = r["bytes"] / 1e9
                 ratio = f"{wbest[key] / r[key]:.2f}" if wbest and tool != "wanxfer" else "-"
-                files = f"{r['files_per_s']:.0f}" if r["files"] else "-"
+                files = rate(r["files_per_s"]) if r["files"] else "-"
                 lines.append(
                     f"| {TOOL_NAMES[tool]} | `{r['knobs']}` | {r['gbit']:.2f} | {files} | {r['client_cpu_s']:.2f} | "
                     f"{r['server_cpu_s']:.2f} | {r['client_cpu_s'] / gb:.3f} | {r['server_cpu_s'] / gb:.3f} | "
@@ -544,29 +574,33 @@ def main():
         lines.append("")
     lines += ["## Targets (issue #3)", "", "| target | verdict | numbers |", "|---|---|---|"]
     targets = evaluate(best)
+    doc["targets"] = [{"target": t, "verdict": v, "numbers": d} for t, v, d in targets]
     lines += [f"| {t} | {v} | {d} |" for t, v, d in targets]
     lines += ["", "## Every run", "", "| workload | tool | knobs | Gbit/s | files/s | sender CPU s | receiver CPU s | "
               "verified | note |", "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         if "gbit" in r:
-            lines.append(f"| {r['workload']} | {r['tool']} | `{r['knobs']}` | {r['gbit']:.2f} | {r['files_per_s']:.0f} "
+            lines.append(f"| {r['workload']} | {r['tool']} | `{r['knobs']}` | {r['gbit']:.2f} | "
+                         f"{rate(r['files_per_s']) if r['files'] else '-'} "
                          f"| {r['client_cpu_s']:.2f} | {r['server_cpu_s']:.2f} | "
-                         f"{'yes' if r['verified'] else 'FAILED'} | {r['note'][:120]} |")
+                         f"{'yes' if r['verified'] else 'FAILED'} | {r['note'][:120].replace('|', '/')} |")
         else:
             err = r["error"].replace("|", "/").replace("\n", " ")[:200]
             lines.append(f"| {r['workload']} | {r['tool']} | `{r['knobs']}` | FAILED | | | | no | {err} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    os.makedirs(a.out_dir, exist_ok=True)
-    stem = os.path.join(a.out_dir, f"peers-{started:%Y-%m-%d}{'-' + mode if mode != 'full' else ''}{a.tag}")
-    with open(stem + ".md", "w") as f:
+    return "\n".join(lines) + "\n"
+
+
+def rerender(path):
+    with open(path) as f:
+        doc = json.load(f)
+    text = render(doc)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    md = path[: -len(".json")] + ".md"
+    with open(md, "w") as f:
         f.write(text)
-    with open(stem + ".json", "w") as f:
-        json.dump({"mode": mode, "command": cmd, "machine": mach, "versions": versions,
-                   "sizes": size, "runs": runs,
-                   "status": {f"{t}/{w}": s for (t, w), s in status.items()},
-                   "targets": [{"target": t, "verdict": v, "numbers": d} for t, v, d in targets]}, f, indent=1)
-    print(f"wrote {stem}.md and {stem}.json")
+    print(text)
+    print(f"wrote {md}")
 
 
 if __name__ == "__main__":
