@@ -14,65 +14,14 @@ Prints a Markdown table; with --out also writes it (with the machine description
 import argparse
 import json
 import os
-import platform
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLK = os.sysconf("SC_CLK_TCK")
-
-
-def sh(cmd, **kw):
-    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
-
-
-def proc_cpu(pid):
-    """User and system CPU seconds of a live process (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) / CLK, int(fields[12]) / CLK
-
-
-def run_client(cmd, env=None):
-    """Runs a client to completion; returns (stdout, user_s, sys_s, wall_s)."""
-    start = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.monotonic() - start
-    out = p.stdout.read()
-    err = p.stderr.read()
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        raise RuntimeError(f"{cmd[0]} failed ({p.returncode}): {err.strip()} {out.strip()}")
-    return out, ru.ru_utime, ru.ru_stime, wall
-
-
-class Server:
-    def __init__(self, cmd, ready, env=None):
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-        self.line = ready(self.p)
-
-    def cpu(self):
-        return proc_cpu(self.p.pid)
-
-    def stop(self):
-        self.p.kill()
-        self.p.wait()
-
-
-def wanxfer_server(binary, root, env):
-    def ready(p):
-        line = p.stdout.readline()
-        m = re.search(r"on (127\.0\.0\.1:\d+)$", line.strip())
-        if not m:
-            raise RuntimeError(f"server did not start: {line!r}")
-        return m.group(1)
-
-    return Server([binary, "serve", "--root", root, "--listen", "127.0.0.1:0"], ready, env)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import ROOT, best, build_wanxfer, machine, proc_cpu, run_client, sh, wanxfer_env, wanxfer_server  # noqa: E402
 
 
 def iperf3(seconds):
@@ -80,7 +29,7 @@ def iperf3(seconds):
     srv = subprocess.Popen(["iperf3", "-s", "-1", "-p", port], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.3)
     before = proc_cpu(srv.pid)
-    out, cu, cs, wall = run_client(["iperf3", "-c", "127.0.0.1", "-p", port, "-t", str(seconds), "--json"])
+    out, ccpu, wall = run_client(["iperf3", "-c", "127.0.0.1", "-p", port, "-t", str(seconds), "--json"])
     after = proc_cpu(srv.pid)
     srv.wait()
     end = json.loads(out)["end"]
@@ -90,13 +39,13 @@ def iperf3(seconds):
         "tool": "iperf3 -c (1 stream)",
         "gbit": byts * 8 / secs / 1e9,
         "bytes": byts,
-        "send_cpu": cu + cs,
+        "send_cpu": ccpu,
         "recv_cpu": (after[0] - before[0]) + (after[1] - before[1]),
     }
 
 
 def wanxfer_mem(binary, addr, size, env, extra=()):
-    out, cu, cs, wall = run_client(
+    out, ccpu, wall = run_client(
         [binary, "cp", "--json", *extra, "--bytes", size, "/dev/zero", f"wanxfer://{addr}/dev/null"], env
     )
     r = json.loads(out)
@@ -104,14 +53,14 @@ def wanxfer_mem(binary, addr, size, env, extra=()):
         "tool": "wanxfer cp --bytes " + " ".join(extra),
         "gbit": r["gbit_per_s"],
         "bytes": r["bytes"],
-        "send_cpu": cu + cs,
+        "send_cpu": ccpu,
         "recv_cpu": r["peer_cpu_user_s"] + r["peer_cpu_sys_s"],
         "report": r,
     }
 
 
 def wanxfer_files(binary, addr, src, dest_name, root, env, extra=()):
-    out, cu, cs, wall = run_client([binary, "cp", "--json", *extra, src, f"wanxfer://{addr}/{dest_name}"], env)
+    out, ccpu, wall = run_client([binary, "cp", "--json", *extra, src, f"wanxfer://{addr}/{dest_name}"], env)
     r = json.loads(out)
     dst = os.path.join(root, dest_name)
     ok = subprocess.run(["diff", "-r", "-q", src, dst], capture_output=True).returncode == 0
@@ -121,25 +70,10 @@ def wanxfer_files(binary, addr, src, dest_name, root, env, extra=()):
         "files_per_s": r["files_per_s"],
         "files": r["files"],
         "bytes": r["bytes"],
-        "send_cpu": cu + cs,
+        "send_cpu": ccpu,
         "recv_cpu": r["peer_cpu_user_s"] + r["peer_cpu_sys_s"],
         "verified": ok,
     }
-
-
-def best(runs, key="gbit"):
-    return max(runs, key=lambda r: r[key])
-
-
-def machine():
-    cpu = "unknown"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, Linux {platform.release()}"
 
 
 def main():
@@ -150,9 +84,8 @@ def main():
     ap.add_argument("--out")
     a = ap.parse_args()
 
-    sh(["cargo", "build", "--release", "-q", "-p", "wanxfer"], cwd=ROOT)
-    binary = os.path.join(ROOT, "target", "release", "wanxfer")
-    env = dict(os.environ, WANXFER_SECRET="bench-secret")
+    binary = build_wanxfer()
+    env = wanxfer_env()
     work = tempfile.mkdtemp(prefix="wanxfer-bench.", dir="/dev/shm")
     lines = []
     try:

@@ -247,11 +247,30 @@ impl Core {
     fn worker_exit(&self, exit: Result<(), Error>) -> Result<(), Error> {
         match exit {
             Ok(()) => Ok(()),
+            Err(e @ Error::Network { .. }) => Err(self.peer_explanation().unwrap_or(e)),
             // A worker sees `Cancelled` only when the session is already failing.
             Err(e) => Err(e),
         }
     }
+
+    /// A data channel broke: a peer that gives up (a full disk, a refused file) says why
+    /// on the control connection just before it closes the channels, and that reason is
+    /// the one the user can act on, not the "broken pipe" it causes here.
+    fn peer_explanation(&self) -> Option<Error> {
+        let deadline = std::time::Instant::now() + PEER_EXPLANATION_WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.incoming.recv_timeout(left) {
+                Ok(Ok(Message::Error(e))) => return Some(Error::remote(self.peer(), &e)),
+                Ok(Ok(_)) => {}
+                _ => return None,
+            }
+        }
+    }
 }
+
+/// How long a broken data channel waits for the peer's reason on the control connection.
+const PEER_EXPLANATION_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn unexpected(peer: &str, msg: &Message) -> Error {
     Error::protocol(peer, format!("unexpected message {msg:?}"))
