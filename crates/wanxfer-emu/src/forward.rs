@@ -229,6 +229,7 @@ fn publish(report: &Mutex<Report>, links: &[Link; 2], start: Instant, cpu_start:
     r.forward = links[0].counters.clone();
     r.back = links[1].counters.clone();
     r.cpu_seconds = thread_cpu_seconds() - cpu_start;
+    r.max_rss_bytes = max_rss_bytes();
     r.wall_seconds = start.elapsed().as_secs_f64();
 }
 
@@ -284,4 +285,14 @@ fn thread_cpu_seconds() -> f64 {
     };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+fn max_rss_bytes() -> u64 {
+    // SAFETY: getrusage fills the zeroed struct; RUSAGE_SELF is always valid.
+    let usage = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    };
+    u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024 // kilobytes on Linux
 }

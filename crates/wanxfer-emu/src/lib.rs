@@ -104,6 +104,9 @@ pub struct Report {
     /// CPU seconds of the forwarder thread.
     pub cpu_seconds: f64,
     pub wall_seconds: f64,
+    /// Peak resident memory of the whole process (getrusage `ru_maxrss`): for the
+    /// `wanxfer-emu` binary, the emulator's; it should stay near rate × delay + buffer.
+    pub max_rss_bytes: u64,
     /// Packets the kernel dropped before the emulator saw them (must be 0 for a valid
     /// measurement), per side.
     pub tun_tx_dropped: [Option<u64>; 2],

@@ -203,7 +203,12 @@ fn a_loss_in_a_gso_batch_costs_one_segment() {
     let _ = server.wait();
     assert!(sent.success(), "seed {seed}");
     let retransmits = left_retransmits(&emu);
-    let f = emu.stop().unwrap().forward;
+    let report = emu.stop().unwrap();
+    assert!(
+        report.max_rss_bytes > 0,
+        "seed {seed}: peak memory reported"
+    );
+    let f = report.forward;
     assert!(
         f.gso_batches > 0,
         "seed {seed}: batches arrive whole: {f:?}"
