@@ -53,6 +53,9 @@ pub enum Error {
     Files { count: u64, first: Box<Error> },
     #[error("transfer cancelled")]
     Cancelled,
+    /// A bug: a worker thread panicked. The session ends instead of hanging.
+    #[error("internal error (please report it): {0}")]
+    Internal(String),
 }
 
 /// How an error should end the program; `wanxfer` maps each to an exit code.
@@ -66,6 +69,8 @@ pub enum ErrorClass {
     LocalIo,
     /// The peer refused or failed on its side (path outside its root, its disk full).
     Remote,
+    /// A bug of ours.
+    Internal,
 }
 
 impl Error {
@@ -137,6 +142,7 @@ impl Error {
                 _ => ErrorClass::Remote,
             },
             Error::Files { first, .. } => first.class(),
+            Error::Internal(_) => ErrorClass::Internal,
         }
     }
 
@@ -151,7 +157,7 @@ impl Error {
             Error::Limit(_) => FailureClass::Limit,
             Error::Remote { class, .. } => *class,
             Error::Files { first, .. } => first.wire_class(),
-            Error::Network { .. } | Error::Cancelled => FailureClass::Internal,
+            Error::Network { .. } | Error::Cancelled | Error::Internal(_) => FailureClass::Internal,
         }
     }
 }

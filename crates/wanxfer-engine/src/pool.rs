@@ -46,11 +46,123 @@ pub fn recv_or_cancel<T>(rx: &Receiver<T>, cancel: &Cancel) -> Result<Option<T>,
     }
 }
 
+/// Memory a transport writes whole blocks into (the slots an RDMA receiver registers and
+/// grants), carved into equal slots. Blocks that point into it share it, so none can
+/// outlive it, whatever happens to the connection that registered it.
+pub struct SlotArena {
+    base: std::ptr::NonNull<u8>,
+    len: usize,
+    slot_len: usize,
+}
+
+// SAFETY: the arena is plain memory; which slot a thread may touch is decided by who holds
+// the one `BlockBuf` for it (see `Storage::Slot`).
+unsafe impl Send for SlotArena {}
+// SAFETY: as above; shared references never touch a slot another `BlockBuf` owns.
+unsafe impl Sync for SlotArena {}
+
+impl SlotArena {
+    pub fn new(slots: usize, slot_len: usize) -> Arc<SlotArena> {
+        let memory: Box<[u8]> = vec![0u8; slots * slot_len].into_boxed_slice();
+        let len = memory.len();
+        let base = std::ptr::NonNull::new(Box::into_raw(memory).cast::<u8>())
+            .expect("a boxed slice is never null");
+        Arc::new(SlotArena {
+            base,
+            len,
+            slot_len,
+        })
+    }
+
+    /// The whole arena, for registering it (the transport then writes into granted slots).
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn slot_len(&self) -> usize {
+        self.slot_len
+    }
+
+    pub fn slots(&self) -> usize {
+        self.len / self.slot_len.max(1)
+    }
+}
+
+impl Drop for SlotArena {
+    fn drop(&mut self) {
+        let slice = std::ptr::slice_from_raw_parts_mut(self.base.as_ptr(), self.len);
+        // SAFETY: `base`/`len` came from `Box::into_raw` of a boxed slice of this length.
+        drop(unsafe { Box::from_raw(slice) });
+    }
+}
+
+impl std::fmt::Debug for SlotArena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotArena")
+            .field("len", &self.len)
+            .field("slot_len", &self.slot_len)
+            .finish()
+    }
+}
+
+/// Where a buffer's bytes live.
+#[derive(Debug)]
+enum Storage {
+    Owned(Box<[u8]>),
+    /// One slot of an arena. Exactly one `BlockBuf` exists per slot, and the transport
+    /// writes into a slot only while it is granted, which is while its `BlockBuf` sits in
+    /// the receiver's hands, untouched, between grant and arrival.
+    Slot {
+        arena: Arc<SlotArena>,
+        slot: u32,
+    },
+}
+
+impl Storage {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Storage::Owned(b) => b,
+            // SAFETY: the slot lies within the arena, which this buffer keeps alive; see
+            // the variant's invariant for why no one else writes it meanwhile.
+            Storage::Slot { arena, slot } => unsafe {
+                std::slice::from_raw_parts(
+                    arena.base.as_ptr().add(*slot as usize * arena.slot_len),
+                    arena.slot_len,
+                )
+            },
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Storage::Owned(b) => b,
+            // SAFETY: as in `bytes`; `&mut self` makes this the only access.
+            Storage::Slot { arena, slot } => unsafe {
+                std::slice::from_raw_parts_mut(
+                    arena.base.as_ptr().add(*slot as usize * arena.slot_len),
+                    arena.slot_len,
+                )
+            },
+        }
+    }
+}
+
 /// A block's storage: payload bytes plus the encoded header and the decoded segments,
 /// kept with the buffer so that no stage allocates per block.
 #[derive(Debug)]
 pub struct BlockBuf {
-    data: Box<[u8]>,
+    data: Storage,
+    /// Where the payload starts in the storage (after the header for a block received in
+    /// place into an RDMA slot; 0 otherwise).
+    pub start: usize,
     /// Payload bytes in use.
     pub len: usize,
     /// The encoded header and segment table (sender side).
@@ -65,22 +177,33 @@ pub struct BlockBuf {
 
 impl BlockBuf {
     pub fn payload(&self) -> &[u8] {
-        &self.data[..self.len]
+        &self.data.bytes()[self.start..self.start + self.len]
     }
     pub fn capacity(&self) -> usize {
-        self.data.len()
+        self.data.bytes().len() - self.start
     }
-    /// The whole buffer, for registering it with an RDMA transport.
+    /// The whole buffer, for registering it with an RDMA transport or reading a block
+    /// that landed in it.
     pub fn storage(&self) -> &[u8] {
-        &self.data
+        self.data.bytes()
     }
-    /// The whole buffer, for filling; set `len` afterwards.
+    /// The buffer from the payload's start, for filling; set `len` afterwards.
     pub fn space(&mut self) -> &mut [u8] {
-        &mut self.data
+        let start = self.start;
+        &mut self.data.bytes_mut()[start..]
     }
-    /// Payload bytes of one segment, by its position in the payload.
+    /// Bytes of one segment, by its position from the payload's start (also while the
+    /// payload is being assembled, before `len` is set).
     pub fn slice(&self, start: usize, len: usize) -> &[u8] {
-        &self.data[start..start + len]
+        let at = self.start + start;
+        &self.data.bytes()[at..at + len]
+    }
+    /// The arena slot this buffer is, if it is one.
+    pub fn slot(&self) -> Option<u32> {
+        match &self.data {
+            Storage::Slot { slot, .. } => Some(*slot),
+            Storage::Owned(_) => None,
+        }
     }
 }
 
@@ -109,6 +232,7 @@ impl Drop for Block {
     fn drop(&mut self) {
         if let Some(mut buf) = self.buf.take() {
             buf.len = 0;
+            buf.start = 0;
             buf.segments.clear();
             buf.damaged = false;
             buf.file_range = None;
@@ -130,17 +254,34 @@ impl Pool {
     /// Allocates `count` zeroed buffers of `block_size` bytes. Zeroed matters: the
     /// synthetic source sends the pool's untouched bytes.
     pub fn new(count: usize, block_size: usize) -> Pool {
-        let (home, free) = crossbeam_channel::bounded(count);
-        for _ in 0..count {
+        Pool::with_storage(
+            block_size,
+            (0..count).map(|_| Storage::Owned(vec![0u8; block_size].into_boxed_slice())),
+        )
+    }
+
+    /// A pool whose buffers are the slots of `arena` (an RDMA receiver's granted memory).
+    pub fn of_slots(arena: &Arc<SlotArena>) -> Pool {
+        let slots = (0..arena.slots() as u32).map(|slot| Storage::Slot {
+            arena: arena.clone(),
+            slot,
+        });
+        Pool::with_storage(arena.slot_len(), slots)
+    }
+
+    fn with_storage(block_size: usize, storage: impl ExactSizeIterator<Item = Storage>) -> Pool {
+        let (home, free) = crossbeam_channel::bounded(storage.len());
+        for data in storage {
             let buf = Box::new(BlockBuf {
-                data: vec![0u8; block_size].into_boxed_slice(),
+                data,
+                start: 0,
                 len: 0,
                 header: Vec::with_capacity(wanxfer_proto::BlockHeader::encoded_len(64)),
                 segments: Vec::new(),
                 damaged: false,
                 file_range: None,
             });
-            // The channel holds exactly `count` buffers.
+            // The channel holds exactly as many buffers as were made.
             home.send(buf).expect("pool channel has room");
         }
         Pool {
@@ -148,6 +289,14 @@ impl Pool {
             home,
             block_size,
         }
+    }
+
+    /// A free buffer if there is one now.
+    pub fn try_take(&self) -> Option<Block> {
+        self.free.try_recv().ok().map(|buf| Block {
+            buf: Some(buf),
+            home: self.home.clone(),
+        })
     }
 
     pub fn block_size(&self) -> usize {

@@ -89,13 +89,11 @@ fn blocks_cross_intact_and_teardown_revokes_every_registration() {
             fabric::accept_channels(&mut listener, plan, &server_auth, &session_id, 1, "test")
                 .unwrap();
         let registrations: Vec<_> = channels.iter().map(|c| c.registrations()).collect();
-        let pool = Pool::new(4, BLOCK as usize);
         let (out, blocks) = crossbeam_channel::unbounded();
         let limits = RecvLimits {
             plan,
             session_tag: TAG,
             max_payload: BLOCK as usize,
-            discard: false,
         };
         let collector = std::thread::spawn(move || {
             blocks
@@ -113,7 +111,6 @@ fn blocks_cross_intact_and_teardown_revokes_every_registration() {
             fabric::recv_blocks(
                 channel,
                 &limits,
-                &pool,
                 &out,
                 &Cancel::default(),
                 &Progress::default(),

@@ -39,6 +39,7 @@ fn exit_code(e: &Error) -> u8 {
         ErrorClass::Integrity => exit::INTEGRITY,
         ErrorClass::LocalIo => exit::LOCAL_IO,
         ErrorClass::Remote => exit::REMOTE,
+        ErrorClass::Internal => exit::INTERNAL,
     }
 }
 

@@ -131,7 +131,16 @@ impl Core {
         let spawned = std::thread::Builder::new()
             .name(format!("wanxfer-{name}"))
             .spawn(move || {
-                let result = work();
+                // A panicking worker must end the session, not leave it waiting forever.
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+                    .unwrap_or_else(|panic| {
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "a worker thread panicked".into());
+                        Err(Error::Internal(what))
+                    });
                 meter.add_this_thread();
                 let _ = exits.send(result);
             });
@@ -188,21 +197,16 @@ impl Core {
         if !self.fabric.is_empty() {
             let plan = SlotPlan::new(self.params.block_size, self.params.depth);
             for (i, channel) in std::mem::take(&mut self.fabric).into_iter().enumerate() {
-                let (pool, out, cancel, progress) = (
-                    pool.clone(),
-                    out.clone(),
-                    self.cancel.clone(),
-                    self.progress.clone(),
-                );
+                let (out, cancel, progress) =
+                    (out.clone(), self.cancel.clone(), self.progress.clone());
                 let limits = RecvLimits {
                     plan,
                     session_tag: self.params.session_tag,
                     max_payload: self.params.block_size as usize,
-                    discard: self.params.discard,
                 };
                 let peer = self.peer().to_string();
                 self.spawn(&format!("frecv{i}"), move || {
-                    fabric::recv_blocks(channel, &limits, &pool, &out, &cancel, &progress, &peer)
+                    fabric::recv_blocks(channel, &limits, &out, &cancel, &progress, &peer)
                 });
             }
             return Ok(());

@@ -17,9 +17,9 @@
 //! the authenticated client, and never outlives its session (the registrations go with
 //! the channel).
 //!
-//! The receiver copies each block out of its slot into a pool buffer before granting the
-//! slot again: one memory copy that keeps the writers and the sink unchanged. On RDMA
-//! hardware the sender side is zero-copy (pool buffers are registered and written from).
+//! Neither end copies a block: the sender writes from its pool buffers (registered once,
+//! cached), and the receiver's slots are pool buffers too, handed to the writers where
+//! the block landed and granted again when the writers let go of them.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
@@ -34,7 +34,7 @@ use wanxfer_proto::handshake::Authenticated;
 use wanxfer_proto::{decode_frame, encode_frame, BlockHeader, ChannelJoin, Message, MAX_SEGMENTS};
 
 use super::check_header;
-use crate::pool::{Block, Cancel, Pool, CANCEL_POLL};
+use crate::pool::{Block, Cancel, Pool, SlotArena, CANCEL_POLL};
 use crate::progress::Progress;
 use crate::Error;
 
@@ -407,17 +407,18 @@ pub struct RecvLimits {
     pub plan: SlotPlan,
     pub session_tag: u64,
     pub max_payload: usize,
-    /// The receiver throws data away (memory-to-memory): blocks are checked in their slot
-    /// and only their segment tables travel on, so the measurement is the transport's.
-    pub discard: bool,
 }
 
-/// The receiving end: registers this channel's slots, grants them all, and turns each
-/// arriving block into a pool block for the writers, granting its slot again at once.
+/// While some slots are held by writers, how often freed ones are looked for (the
+/// completion queue cannot wake us for them).
+const REGRANT_POLL: Duration = Duration::from_micros(250);
+
+/// The receiving end: registers this channel's slots and grants them; each block that
+/// lands goes to the writers in its slot, without a copy, and the slot is granted again
+/// when the writers drop the block. A slow writer therefore withholds credits.
 pub fn recv_blocks(
-    mut channel: Channel,
+    channel: Channel,
     limits: &RecvLimits,
-    pool: &Pool,
     out: &Sender<Block>,
     cancel: &Cancel,
     progress: &Progress,
@@ -425,36 +426,49 @@ pub fn recv_blocks(
 ) -> Result<(), Error> {
     let err = |context: &'static str| move |e| fabric_error(peer, context, e);
     let plan = limits.plan;
-    let region = channel
-        .register(
-            AlignedBuf::new(plan.slot_len * plan.slots as usize),
-            Access::REMOTE_WRITE,
-        )
-        .map_err(err("registering receive slots for"))?;
+    let arena = SlotArena::new(plan.slots as usize, plan.slot_len);
+    let slots = Pool::of_slots(&arena);
+    // Declared after the arena, so dropped (and deregistered) before it.
+    let mut channel = channel;
+    // SAFETY: the arena outlives the channel (drop order above, and every block in it
+    // holds it too); the provider writes only into slots we granted, whose buffers we
+    // hold untouched in `granted` until their block is announced.
+    let region =
+        unsafe { channel.register_raw(arena.as_mut_ptr(), arena.len(), Access::REMOTE_WRITE) }
+            .map_err(err("registering receive slots for"))?;
     channel
         .set_slot_pool(region, plan.slot_len)
         .map_err(err("setting up receive slots for"))?;
-    for slot in 0..plan.slots {
-        channel.grant(slot).map_err(err("granting a slot to"))?;
-    }
+    let mut granted: HashMap<u32, Block> = HashMap::new();
     loop {
+        while let Some(block) = slots.try_take() {
+            let slot = block.slot().expect("slot pools hold slots");
+            channel.grant(slot).map_err(err("granting a slot to"))?;
+            granted.insert(slot, block);
+        }
         if cancel.is_cancelled() {
             return Err(Error::Cancelled);
         }
+        let wait = if granted.len() < plan.slots as usize {
+            REGRANT_POLL
+        } else {
+            CANCEL_POLL
+        };
         let Some(event) = channel
-            .wait(Some(CANCEL_POLL))
+            .wait(Some(wait))
             .map_err(err("receiving blocks from"))?
         else {
             continue;
         };
         match event {
             Event::BlockArrived { slot, len } => {
-                let bytes = channel
-                    .slot(slot)
-                    .and_then(|s| s.get(..len))
-                    .ok_or_else(|| Error::protocol(peer, format!("block past slot {slot}")))?;
-                let block = decode_block(bytes, limits, pool, cancel, peer)?;
-                channel.grant(slot).map_err(err("granting a slot to"))?;
+                let mut block = granted.remove(&slot).ok_or_else(|| {
+                    Error::protocol(
+                        peer,
+                        format!("a block in slot {slot}, which was not granted"),
+                    )
+                })?;
+                take_block_in_place(&mut block, len, limits, peer)?;
                 progress
                     .bytes
                     .fetch_add(block.len as u64, std::sync::atomic::Ordering::Relaxed);
@@ -469,52 +483,48 @@ pub fn recv_blocks(
             }
         }
     }
+    drop(granted);
     channel
         .close(Some(CLOSE_TIMEOUT))
         .map_err(err("closing the fabric channel from"))?;
     Ok(())
 }
 
-/// Decodes and checks a block that landed in a slot, copying its payload into a pool
-/// buffer (checksummed as it is copied out, while it is in cache).
-fn decode_block(
-    bytes: &[u8],
+/// Decodes and checks the `len` bytes that landed in `block`'s slot; the payload stays
+/// where it is, after the header and segment table.
+fn take_block_in_place(
+    block: &mut Block,
+    len: usize,
     limits: &RecvLimits,
-    pool: &Pool,
-    cancel: &Cancel,
     peer: &str,
-) -> Result<Block, Error> {
-    let fixed: &[u8; BlockHeader::LEN] = bytes
+) -> Result<(), Error> {
+    // Reuse the buffer's segment vector (taken out so the slot can be read meanwhile).
+    let mut segments = std::mem::take(&mut block.segments);
+    segments.clear();
+    let bytes = block
+        .storage()
+        .get(..len)
+        .ok_or_else(|| Error::protocol(peer, "block larger than its slot"))?;
+    let fixed: [u8; BlockHeader::LEN] = bytes
         .get(..BlockHeader::LEN)
         .and_then(|b| b.try_into().ok())
         .ok_or_else(|| Error::protocol(peer, "block shorter than its header"))?;
-    let header = BlockHeader::decode_fixed(fixed).map_err(|e| Error::decode(peer, e))?;
+    let header = BlockHeader::decode_fixed(&fixed).map_err(|e| Error::decode(peer, e))?;
     check_header(&header, limits.session_tag, limits.max_payload, peer)?;
     let table_end = BlockHeader::encoded_len(header.segment_count as usize);
     let payload_len = header.payload_len as usize;
-    if bytes.len() != table_end + payload_len {
+    if len != table_end + payload_len {
         return Err(Error::protocol(
             peer,
-            format!(
-                "block of {} bytes does not match its header ({} + {payload_len})",
-                bytes.len(),
-                table_end
-            ),
+            format!("block of {len} bytes does not match its header ({table_end} + {payload_len})"),
         ));
     }
-    let mut block = pool.take(cancel)?;
     header
-        .decode_segments(
-            fixed,
-            &bytes[BlockHeader::LEN..table_end],
-            &mut block.segments,
-        )
+        .decode_segments(&fixed, &bytes[BlockHeader::LEN..table_end], &mut segments)
         .map_err(|e| Error::decode(peer, e))?;
-    let payload = &bytes[table_end..];
+    block.segments = segments;
+    block.start = table_end;
     block.len = payload_len;
-    block.damaged = header.check_payload(payload).is_err();
-    if !limits.discard {
-        block.space()[..payload_len].copy_from_slice(payload);
-    }
-    Ok(block)
+    block.damaged = header.check_payload(block.payload()).is_err();
+    Ok(())
 }
