@@ -328,6 +328,23 @@ impl TempFile {
         })
     }
 
+    /// Reserves the file's announced size before its data arrives. A disk too small for it
+    /// fails now, on the first block, instead of gigabytes later; extent-based file systems
+    /// lay the file out in one piece; and on tmpfs mounted with `huge=within_size` the
+    /// file gets huge pages, which on a VM writes several times faster than 4 KiB pages
+    /// (each a fault in the hypervisor). A file system without `fallocate` gets the size
+    /// with `ftruncate`, which keeps the huge-page benefit and costs nothing.
+    pub fn reserve(&self, size: u64) -> io::Result<()> {
+        use rustix::fs::FallocateFlags;
+        match rustix::fs::fallocate(&self.file, FallocateFlags::empty(), 0, size) {
+            Ok(()) => Ok(()),
+            Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => {
+                Ok(rustix::fs::ftruncate(&self.file, size)?)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Applies metadata and renames the temporary over the final name. A symlink at the
     /// final name is replaced, not followed; a directory there makes the rename fail.
     pub fn commit(mut self, mode: u32, mtime_sec: i64, mtime_nsec: u32) -> io::Result<()> {
@@ -416,6 +433,15 @@ mod tests {
         assert_eq!(std::fs::read(&target).unwrap(), b"precious");
         assert_eq!(std::fs::read(root_dir.path().join("f")).unwrap(), b"new");
         assert!(!root_dir.path().join("f").is_symlink());
+    }
+
+    #[test]
+    fn reserve_gives_the_temporary_its_announced_size() {
+        let root_dir = tempfile::tempdir().unwrap();
+        let root = Root::open(root_dir.path()).unwrap();
+        let t = TempFile::create(Arc::new(root.dir(&RelPath::root()).unwrap()), b"f", 1).unwrap();
+        t.reserve(3 << 20).unwrap();
+        assert_eq!(t.file.metadata().unwrap().len(), 3 << 20);
     }
 
     #[test]

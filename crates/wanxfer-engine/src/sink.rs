@@ -537,6 +537,11 @@ impl Sink {
             let dir = self.dirs_cache.get(root, &parent)?;
             let temp = TempFile::create(dir, name, self.session_tag)
                 .map_err(|e| Error::local("create", self.show(&slot.dest), e))?;
+            // A file that comes in one segment is written in one call: nothing to reserve.
+            if u64::from(seg.len) < slot.size {
+                temp.reserve(slot.size)
+                    .map_err(|e| Error::local("reserve space for", self.show(&slot.dest), e))?;
+            }
             self.open_files.fetch_add(1, Ordering::Relaxed);
             state.temp = Some(Arc::new(temp));
         }

@@ -210,12 +210,46 @@ impl BlockHeader {
 
     /// Checks `payload` against the header's CRC (a no-op when the sender sent none).
     pub fn check_payload(&self, payload: &[u8]) -> Result<(), DecodeError> {
-        if self.has_payload_crc() && crc32c::crc32c(payload) != self.payload_crc {
-            return Err(DecodeError::Checksum {
-                what: "block payload",
-            });
+        let mut check = self.payload_check();
+        check.update(payload);
+        check.finish()
+    }
+
+    /// A check fed the payload piece by piece, so that a receiver can checksum each piece
+    /// right after reading it, while it is still in cache.
+    pub fn payload_check(&self) -> PayloadCheck {
+        PayloadCheck {
+            expected: self.has_payload_crc().then_some(self.payload_crc),
+            crc: 0,
         }
-        Ok(())
+    }
+}
+
+/// The payload CRC of one block, computed incrementally (see
+/// [`BlockHeader::payload_check`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PayloadCheck {
+    /// `None` when the sender sent no CRC: every piece is accepted.
+    expected: Option<u32>,
+    crc: u32,
+}
+
+impl PayloadCheck {
+    /// Adds the next piece of the payload, in order.
+    pub fn update(&mut self, piece: &[u8]) {
+        if self.expected.is_some() {
+            self.crc = crc32c::crc32c_append(self.crc, piece);
+        }
+    }
+
+    /// Whether the pieces added so far are the payload the header describes.
+    pub fn finish(self) -> Result<(), DecodeError> {
+        match self.expected {
+            Some(expected) if expected != self.crc => Err(DecodeError::Checksum {
+                what: "block payload",
+            }),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -274,6 +308,10 @@ mod tests {
         assert_eq!(decode_all(&buf).unwrap(), (h, segs));
         h.check_payload(&[1; 16]).unwrap();
         assert!(h.check_payload(&[2; 16]).is_err());
+        let mut pieces = h.payload_check();
+        pieces.update(&[1; 5]);
+        pieces.update(&[1; 11]);
+        pieces.finish().unwrap();
     }
 
     #[test]

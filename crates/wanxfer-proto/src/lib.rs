@@ -24,7 +24,7 @@ pub mod handshake;
 mod message;
 mod path;
 
-pub use block::{BlockHeader, Segment, BLOCK_MAGIC, MAX_BLOCK_PAYLOAD, MAX_SEGMENTS};
+pub use block::{BlockHeader, PayloadCheck, Segment, BLOCK_MAGIC, MAX_BLOCK_PAYLOAD, MAX_SEGMENTS};
 pub use codec::{Decoder, Encoder};
 pub use message::*;
 pub use path::{check_name, PathError, RelPath, MAX_NAME_BYTES, MAX_PATH_BYTES};

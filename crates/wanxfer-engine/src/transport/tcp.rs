@@ -113,12 +113,22 @@ impl BlockRx for TcpChannel {
         self.table = table;
         decoded?;
         let len = header.payload_len as usize;
-        self.read_full(&mut block.space()[..len], false)?;
+        let mut check = header.payload_check();
+        for piece in block.space()[..len].chunks_mut(CHECK_PIECE_BYTES) {
+            self.read_full(piece, false)?;
+            check.update(piece);
+        }
         block.len = len;
-        block.damaged = header.check_payload(block.payload()).is_err();
+        block.damaged = check.finish().is_err();
         Ok(Some(block))
     }
 }
+
+/// How much of a payload is read before it is checksummed: small enough to still be in
+/// the core's cache when the CRC runs over it, large enough that the extra `recv` calls
+/// cost nothing next to the copy. Checking a 4 MiB block after reading all of it costs
+/// about a third more CPU on the receiver, as the data comes back from memory.
+const CHECK_PIECE_BYTES: usize = 256 << 10;
 
 /// Sends `header` then `len` bytes of `file` at `offset` straight from the page cache.
 /// `MSG_MORE` keeps the small header from going out as a packet of its own.
