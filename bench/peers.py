@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
-    ROOT, Server, ToolError, build_wanxfer, compare_trees, cpu_model, free_port, loadavg, mem_gib,
+    ROOT, DestTmpfs, Server, ToolError, build_wanxfer, compare_trees, cpu_model, free_port, loadavg, mem_gib,
     parse_size, run_client, tree_stats, wanxfer_env, wanxfer_server,
 )
 
@@ -91,12 +91,12 @@ UNSUPPORTED = {
 
 
 class Ctx:
-    def __init__(self, work, binary, timeout):
+    def __init__(self, work, binary, timeout, dest_fs):
         self.work = work
         self.binary = binary
         self.timeout = timeout
         self.env = wanxfer_env()
-        self.dst = os.path.join(work, "dst")
+        self.dst = os.path.join(dest_fs.path, "dst")
 
 
 def fresh_dst(ctx):
@@ -440,7 +440,8 @@ def main():
     started = datetime.datetime.now(datetime.timezone.utc)
     work = tempfile.mkdtemp(prefix="wanxfer-peers.", dir="/dev/shm")
     os.chmod(work, 0o755)
-    ctx = Ctx(work, binary, timeout)
+    dest_fs = DestTmpfs(work)
+    ctx = Ctx(work, binary, timeout, dest_fs)
     runs, status = [], {}
     try:
         for wl in wls:
@@ -484,6 +485,7 @@ def main():
             if src:
                 shutil.rmtree(src, ignore_errors=True)
     finally:
+        dest_fs.close()
         shutil.rmtree(work, ignore_errors=True)
     load_after = loadavg()
     finished = datetime.datetime.now(datetime.timezone.utc)
@@ -493,6 +495,7 @@ def main():
         "nproc": os.cpu_count(), "cpu": cpu_model(), "mem_gib": round(mem_gib(), 1),
         "kernel": os.uname().release, "load_before": load_before, "load_after": load_after,
         "started": started.isoformat(timespec="seconds"), "finished": finished.isoformat(timespec="seconds"),
+        "destination": dest_fs.describe(),
     }
     doc = {"mode": mode, "command": "bench/peers.py " + " ".join(sys.argv[1:]), "machine": mach,
            "versions": versions, "sizes": size, "repeat": a.repeat, "timeout": timeout, "tools": tools,
@@ -534,7 +537,7 @@ def render(doc):
         f"Load average (1/5/15 min) before: {mach['load_before']}; after: {mach['load_after']} "
         f"(run from {mach['started']} to {mach['finished']}).",
         f"Command: `{doc['command']}`; repeat {doc.get('repeat', 1)}, timeout {timeout:g}s per run; loopback, "
-        "tmpfs to tmpfs.",
+        f"tmpfs to tmpfs ({mach.get('destination', 'destination: a directory in /dev/shm')}).",
         "Versions: " + "; ".join(f"{t}: {v}" for t, v in doc["versions"].items()) + ".",
         "",
         "Gbit/s and files/s use the harness's wall clock around each client (until the receiver has exited for "

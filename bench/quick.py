@@ -21,7 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import ROOT, best, build_wanxfer, machine, proc_cpu, run_client, sh, wanxfer_env, wanxfer_server  # noqa: E402
+from benchlib import ROOT, DestTmpfs, best, build_wanxfer, machine, proc_cpu, run_client, sh, wanxfer_env, wanxfer_server  # noqa: E402
 
 
 def iperf3(seconds):
@@ -87,9 +87,10 @@ def main():
     binary = build_wanxfer()
     env = wanxfer_env()
     work = tempfile.mkdtemp(prefix="wanxfer-bench.", dir="/dev/shm")
+    dest_fs = DestTmpfs(work)
     lines = []
     try:
-        root = os.path.join(work, "root")
+        root = os.path.join(dest_fs.path, "root")
         os.makedirs(root)
         srv = wanxfer_server(binary, root, env)
         addr = srv.line
@@ -132,6 +133,7 @@ def main():
         finally:
             srv.stop()
     finally:
+        dest_fs.close()
         shutil.rmtree(work, ignore_errors=True)
     header = [
         "# wanxfer quick benchmark",
@@ -139,6 +141,7 @@ def main():
         f"Machine: {machine()}.",
         f"Command: `bench/quick.py --seconds {a.seconds} --bytes {a.bytes} --repeat {a.repeat}`",
         "wanxfer defaults: 2 streams, 4 MiB blocks, depth 4, block CRC-32C and file XXH3-128 on.",
+        f"Files go tmpfs to tmpfs; {dest_fs.describe()}.",
         "",
     ]
     text = "\n".join(header + lines) + "\n"
