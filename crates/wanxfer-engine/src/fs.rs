@@ -290,6 +290,54 @@ pub fn apply_meta(
     Ok(())
 }
 
+/// How received files reach the disk.
+///
+/// Through the page cache, a 4 GiB file on this project's ext4 test disk is written at
+/// 0.43 GB/s for 10 s of system CPU; with `O_DIRECT` at 1.3 GB/s for 0.7 s (`dd bs=4M`,
+/// with and without `oflag=direct`), and the transfer no longer evicts everything else
+/// the host had cached. The page cache still wins for small files (one write each) and on
+/// tmpfs (which is the page cache), so `Auto` bypasses it only where that is known to pay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WriteMode {
+    /// `Direct` on ext4 and XFS, `Buffered` elsewhere.
+    #[default]
+    Auto,
+    Buffered,
+    /// Files of more than one block are written with `O_DIRECT` from the (page-aligned)
+    /// block buffers; their unaligned tails, small files, and file systems that refuse
+    /// `O_DIRECT` go through the page cache.
+    Direct,
+}
+
+/// What `O_DIRECT` needs aligned: buffer addresses, file offsets and lengths. 4096 covers
+/// every logical block size in use; pool buffers are aligned to it.
+pub const DIRECT_ALIGN: usize = 4096;
+
+impl WriteMode {
+    /// Whether files beneath `root` are written with `O_DIRECT`.
+    pub fn is_direct_beneath(self, root: BorrowedFd<'_>) -> bool {
+        const EXT4_SUPER_MAGIC: i64 = 0xEF53;
+        const XFS_SUPER_MAGIC: i64 = 0x5846_5342;
+        match self {
+            WriteMode::Buffered => false,
+            WriteMode::Direct => true,
+            WriteMode::Auto => rustix::fs::fstatfs(root).is_ok_and(|st| {
+                #[allow(clippy::unnecessary_cast)] // the field's type differs between libcs
+                let kind = st.f_type as i64;
+                kind == EXT4_SUPER_MAGIC || kind == XFS_SUPER_MAGIC
+            }),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WriteMode::Auto => "auto",
+            WriteMode::Buffered => "buffered",
+            WriteMode::Direct => "direct",
+        }
+    }
+}
+
 /// A file being written under a temporary name in its final directory.
 #[derive(Debug)]
 pub struct TempFile {
@@ -297,6 +345,8 @@ pub struct TempFile {
     temp_name: Vec<u8>,
     final_name: Vec<u8>,
     pub file: File,
+    /// A second handle on the same file that bypasses the page cache, when writing direct.
+    direct: Option<File>,
     committed: bool,
 }
 
@@ -324,8 +374,49 @@ impl TempFile {
             temp_name,
             final_name: final_name.to_vec(),
             file: File::from(fd),
+            direct: None,
             committed: false,
         })
+    }
+
+    /// From now on, aligned writes bypass the page cache. The file is reopened through
+    /// our own descriptor (never by name, which someone could have swapped); a file system
+    /// that refuses `O_DIRECT`, or a host without /proc, keeps the file buffered
+    /// (`Ok(false)`). Reads (for verification) stay on the buffered handle, which the
+    /// kernel keeps coherent with direct writes.
+    pub fn write_direct(&mut self) -> io::Result<bool> {
+        use std::os::fd::AsRawFd;
+        let own = format!("/proc/self/fd/{}", self.file.as_raw_fd());
+        match rustix::fs::open(
+            own.as_str(),
+            OFlags::WRONLY | OFlags::DIRECT | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => {
+                self.direct = Some(File::from(fd));
+                Ok(true)
+            }
+            Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Writes `data` at `offset`: its aligned part with `O_DIRECT` when writing direct and
+    /// `data` and `offset` allow it, the rest (a file's tail, as a rule) through the page
+    /// cache.
+    pub fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let direct_len = match &self.direct {
+            Some(_) if is_aligned(data.as_ptr() as u64) && is_aligned(offset) => {
+                data.len() / DIRECT_ALIGN * DIRECT_ALIGN
+            }
+            _ => 0,
+        };
+        if let (Some(direct), true) = (&self.direct, direct_len > 0) {
+            direct.write_all_at(&data[..direct_len], offset)?;
+        }
+        self.file
+            .write_all_at(&data[direct_len..], offset + direct_len as u64)
     }
 
     /// Reserves the file's announced size before its data arrives. A disk too small for it
@@ -370,6 +461,10 @@ impl Drop for TempFile {
             );
         }
     }
+}
+
+fn is_aligned(at: u64) -> bool {
+    at % DIRECT_ALIGN as u64 == 0
 }
 
 /// Creates symlink `name` -> `target` in `dir` atomically (temporary, then rename), with
@@ -442,6 +537,40 @@ mod tests {
         let t = TempFile::create(Arc::new(root.dir(&RelPath::root()).unwrap()), b"f", 1).unwrap();
         t.reserve(3 << 20).unwrap();
         assert_eq!(t.file.metadata().unwrap().len(), 3 << 20);
+    }
+
+    /// Direct writes from aligned buffers, an unaligned tail, and an unaligned buffer all
+    /// land intact, whatever the file system under the temp directory does with O_DIRECT.
+    #[test]
+    fn direct_writes_with_unaligned_tails_land_intact() {
+        let root_dir = tempfile::tempdir().unwrap();
+        let root = Root::open(root_dir.path()).unwrap();
+        let mut t =
+            TempFile::create(Arc::new(root.dir(&RelPath::root()).unwrap()), b"f", 1).unwrap();
+        let direct = t.write_direct().unwrap();
+        let pool = crate::pool::Pool::new(2, 3 * DIRECT_ALIGN);
+        let cancel = crate::pool::Cancel::default();
+        let data: Vec<u8> = (0..2 * 3 * DIRECT_ALIGN + 100)
+            .map(|i| (i % 253) as u8)
+            .collect();
+        let (first, rest) = data.split_at(3 * DIRECT_ALIGN);
+        let mut a = pool.take(&cancel).unwrap();
+        a.space().copy_from_slice(first);
+        t.write_at(&a.space()[..first.len()], 0).unwrap();
+        // The tail: not a multiple of the alignment.
+        let (second, tail) = rest.split_at(DIRECT_ALIGN + 100);
+        let mut b = pool.take(&cancel).unwrap();
+        b.space()[..second.len()].copy_from_slice(second);
+        t.write_at(&b.space()[..second.len()], first.len() as u64)
+            .unwrap();
+        // A buffer that is not aligned at all goes through the page cache.
+        let at = (first.len() + second.len()) as u64;
+        t.write_at(tail, at).unwrap();
+        let mut back = vec![0u8; data.len()];
+        std::os::unix::fs::FileExt::read_exact_at(&t.file, &mut back, 0).unwrap();
+        assert!(back == data, "direct={direct}");
+        t.commit(0o644, 0, 0).unwrap();
+        assert_eq!(std::fs::read(root_dir.path().join("f")).unwrap(), data);
     }
 
     #[test]

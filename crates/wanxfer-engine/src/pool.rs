@@ -46,45 +46,89 @@ pub fn recv_or_cancel<T>(rx: &Receiver<T>, cancel: &Cancel) -> Result<Option<T>,
     }
 }
 
+/// Zeroed memory aligned to a page. Blocks are written to disk with `O_DIRECT`, which
+/// needs buffer addresses aligned to the device's logical block, and RDMA registration
+/// pins whole pages; a page boundary serves both.
+struct PageAligned {
+    base: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+/// Alignment of every pool buffer and arena.
+pub const BUFFER_ALIGN: usize = 4096;
+
+impl PageAligned {
+    fn zeroed(len: usize) -> PageAligned {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), BUFFER_ALIGN)
+            .expect("a block size below isize::MAX with a power-of-two alignment");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let base =
+            std::ptr::NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        PageAligned { base, layout }
+    }
+
+    fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `base` points to `len` initialised (zeroed) bytes we own.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.len()) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; `&mut self` makes this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr(), self.len()) }
+    }
+}
+
+impl Drop for PageAligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this very layout.
+        unsafe { std::alloc::dealloc(self.base.as_ptr(), self.layout) }
+    }
+}
+
+// SAFETY: plain memory owned by this value; access follows Rust's borrowing through
+// `bytes`/`bytes_mut`, or the slot discipline of `SlotArena`.
+unsafe impl Send for PageAligned {}
+// SAFETY: as above.
+unsafe impl Sync for PageAligned {}
+
+impl std::fmt::Debug for PageAligned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PageAligned({} bytes)", self.len())
+    }
+}
+
 /// Memory a transport writes whole blocks into (the slots an RDMA receiver registers and
 /// grants), carved into equal slots. Blocks that point into it share it, so none can
 /// outlive it, whatever happens to the connection that registered it.
 pub struct SlotArena {
-    base: std::ptr::NonNull<u8>,
-    len: usize,
+    memory: PageAligned,
     slot_len: usize,
 }
 
-// SAFETY: the arena is plain memory; which slot a thread may touch is decided by who holds
-// the one `BlockBuf` for it (see `Storage::Slot`).
-unsafe impl Send for SlotArena {}
-// SAFETY: as above; shared references never touch a slot another `BlockBuf` owns.
-unsafe impl Sync for SlotArena {}
-
 impl SlotArena {
     pub fn new(slots: usize, slot_len: usize) -> Arc<SlotArena> {
-        let memory: Box<[u8]> = vec![0u8; slots * slot_len].into_boxed_slice();
-        let len = memory.len();
-        let base = std::ptr::NonNull::new(Box::into_raw(memory).cast::<u8>())
-            .expect("a boxed slice is never null");
         Arc::new(SlotArena {
-            base,
-            len,
+            memory: PageAligned::zeroed(slots * slot_len),
             slot_len,
         })
     }
 
     /// The whole arena, for registering it (the transport then writes into granted slots).
     pub fn as_mut_ptr(&self) -> *mut u8 {
-        self.base.as_ptr()
+        self.memory.base.as_ptr()
     }
 
     pub fn len(&self) -> usize {
-        self.len
+        self.memory.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     pub fn slot_len(&self) -> usize {
@@ -92,22 +136,20 @@ impl SlotArena {
     }
 
     pub fn slots(&self) -> usize {
-        self.len / self.slot_len.max(1)
+        self.len() / self.slot_len.max(1)
     }
-}
 
-impl Drop for SlotArena {
-    fn drop(&mut self) {
-        let slice = std::ptr::slice_from_raw_parts_mut(self.base.as_ptr(), self.len);
-        // SAFETY: `base`/`len` came from `Box::into_raw` of a boxed slice of this length.
-        drop(unsafe { Box::from_raw(slice) });
+    /// Where slot `slot` starts; slots are only handed out below `slots()`.
+    fn slot_ptr(&self, slot: u32) -> *mut u8 {
+        self.as_mut_ptr()
+            .wrapping_add(slot as usize * self.slot_len)
     }
 }
 
 impl std::fmt::Debug for SlotArena {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SlotArena")
-            .field("len", &self.len)
+            .field("len", &self.len())
             .field("slot_len", &self.slot_len)
             .finish()
     }
@@ -116,7 +158,7 @@ impl std::fmt::Debug for SlotArena {
 /// Where a buffer's bytes live.
 #[derive(Debug)]
 enum Storage {
-    Owned(Box<[u8]>),
+    Owned(PageAligned),
     /// One slot of an arena. Exactly one `BlockBuf` exists per slot, and the transport
     /// writes into a slot only while it is granted, which is while its `BlockBuf` sits in
     /// the receiver's hands, untouched, between grant and arrival.
@@ -129,27 +171,21 @@ enum Storage {
 impl Storage {
     fn bytes(&self) -> &[u8] {
         match self {
-            Storage::Owned(b) => b,
+            Storage::Owned(b) => b.bytes(),
             // SAFETY: the slot lies within the arena, which this buffer keeps alive; see
             // the variant's invariant for why no one else writes it meanwhile.
             Storage::Slot { arena, slot } => unsafe {
-                std::slice::from_raw_parts(
-                    arena.base.as_ptr().add(*slot as usize * arena.slot_len),
-                    arena.slot_len,
-                )
+                std::slice::from_raw_parts(arena.slot_ptr(*slot), arena.slot_len)
             },
         }
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
         match self {
-            Storage::Owned(b) => b,
+            Storage::Owned(b) => b.bytes_mut(),
             // SAFETY: as in `bytes`; `&mut self` makes this the only access.
             Storage::Slot { arena, slot } => unsafe {
-                std::slice::from_raw_parts_mut(
-                    arena.base.as_ptr().add(*slot as usize * arena.slot_len),
-                    arena.slot_len,
-                )
+                std::slice::from_raw_parts_mut(arena.slot_ptr(*slot), arena.slot_len)
             },
         }
     }
@@ -251,12 +287,12 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Allocates `count` zeroed buffers of `block_size` bytes. Zeroed matters: the
-    /// synthetic source sends the pool's untouched bytes.
+    /// Allocates `count` zeroed, page-aligned buffers of `block_size` bytes. Zeroed
+    /// matters: the synthetic source sends the pool's untouched bytes.
     pub fn new(count: usize, block_size: usize) -> Pool {
         Pool::with_storage(
             block_size,
-            (0..count).map(|_| Storage::Owned(vec![0u8; block_size].into_boxed_slice())),
+            (0..count).map(|_| Storage::Owned(PageAligned::zeroed(block_size))),
         )
     }
 
@@ -328,6 +364,8 @@ mod tests {
         drop(a);
         let c = pool.take(&cancel).unwrap();
         assert_eq!(c.capacity(), 16);
+        assert_eq!(c.payload().as_ptr() as usize % BUFFER_ALIGN, 0);
+        assert!(c.storage().iter().all(|&b| b == 0));
         drop((b, c));
     }
 

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use wanxfer_proto::{Entry, EntryKind, RelPath, Segment};
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
-use crate::fs::{self, DirCache, Kind, Root, TempFile};
+use crate::fs::{self, DirCache, Kind, Root, TempFile, WriteMode};
 use crate::pool::Block;
 use crate::Error;
 
@@ -229,16 +229,18 @@ struct DirMeta {
     mtime_nsec: u32,
 }
 
-/// Local limits of a receiving side; never taken from the peer.
+/// Local limits and settings of a receiving side; never taken from the peer.
 #[derive(Debug, Clone)]
 pub struct SinkLimits {
     pub max_open_files: usize,
+    pub write: WriteMode,
 }
 
 impl Default for SinkLimits {
     fn default() -> Self {
         SinkLimits {
             max_open_files: 512,
+            write: WriteMode::Auto,
         }
     }
 }
@@ -251,6 +253,8 @@ pub struct Sink {
     session_tag: u64,
     verify_digest: bool,
     limits: SinkLimits,
+    /// Files of more than one block bypass the page cache (see [`WriteMode`]).
+    direct: bool,
     slots: Mutex<HashMap<u64, Arc<Slot>>>,
     failed: Mutex<HashSet<u64>>,
     dirs: Mutex<Vec<DirMeta>>,
@@ -269,12 +273,16 @@ impl Sink {
     ) -> Sink {
         // Discarded data has nothing to verify against after the fact.
         let verify_digest = verify_digest && target.is_some();
+        let direct = target
+            .as_ref()
+            .is_some_and(|(root, _)| limits.write.is_direct_beneath(root.fd()));
         Sink {
             target,
             peer,
             session_tag,
             verify_digest,
             limits,
+            direct,
             slots: Mutex::default(),
             failed: Mutex::default(),
             dirs: Mutex::default(),
@@ -488,7 +496,7 @@ impl Sink {
         }
         let temp = self.prepare(seg, &slot, data)?;
         if let Some(temp) = &temp {
-            if let Err(e) = temp.file.write_all_at(data, seg.offset) {
+            if let Err(e) = temp.write_at(data, seg.offset) {
                 let error = Error::local("write", self.show(&slot.dest), e);
                 return self.fail_or_abort(seg.file_id, error);
             }
@@ -535,12 +543,18 @@ impl Sink {
             }
             let (parent, name) = slot.dest.split_last().expect("files are never the root");
             let dir = self.dirs_cache.get(root, &parent)?;
-            let temp = TempFile::create(dir, name, self.session_tag)
+            let mut temp = TempFile::create(dir, name, self.session_tag)
                 .map_err(|e| Error::local("create", self.show(&slot.dest), e))?;
-            // A file that comes in one segment is written in one call: nothing to reserve.
+            // A file that comes in one segment is written in one call: nothing to reserve,
+            // and the page cache serves it better than a direct write.
             if u64::from(seg.len) < slot.size {
+                let local = |op, e| Error::local(op, self.show(&slot.dest), e);
                 temp.reserve(slot.size)
-                    .map_err(|e| Error::local("reserve space for", self.show(&slot.dest), e))?;
+                    .map_err(|e| local("reserve space for", e))?;
+                if self.direct {
+                    temp.write_direct()
+                        .map_err(|e| local("open for direct I/O", e))?;
+                }
             }
             self.open_files.fetch_add(1, Ordering::Relaxed);
             state.temp = Some(Arc::new(temp));

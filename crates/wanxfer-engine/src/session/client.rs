@@ -144,7 +144,7 @@ pub fn run_client(
         Arc::new(CpuMeter::default()),
     );
     core.fabric = fabric_channels;
-    let outcome = run_role(&mut core, job, &params, &cfg.server);
+    let outcome = run_role(&mut core, job, &params, &cfg.server, cfg.tuning.write);
     let finished = outcome.and_then(|outcome| finish(&mut core).map(|stats| (outcome, stats)));
     let _ = stream.shutdown(std::net::Shutdown::Both);
     let _ = reader.join();
@@ -341,6 +341,7 @@ fn run_role(
     job: ClientJob,
     params: &Params,
     peer: &str,
+    write: crate::fs::WriteMode,
 ) -> Result<Outcome, Error> {
     match job {
         ClientJob::Push { source, .. } => run_sender(core, &source),
@@ -366,7 +367,10 @@ fn run_role(
                 peer.to_string(),
                 params.session_tag,
                 params.file_digest,
-                SinkLimits::default(),
+                SinkLimits {
+                    write,
+                    ..SinkLimits::default()
+                },
             );
             run_receiver(core, Arc::new(sink))
         }

@@ -56,6 +56,8 @@ pub struct Tuning {
     pub file_digest: bool,
     /// How this side sends file bytes (local, never negotiated).
     pub io: IoMode,
+    /// How this side writes the files it receives (local, never negotiated).
+    pub write: crate::fs::WriteMode,
     pub transport: Transport,
     /// How long a silent peer (cut link, crashed host) is waited for (local).
     pub stall_timeout: std::time::Duration,
@@ -76,6 +78,7 @@ impl Default for Tuning {
             block_crc: true,
             file_digest: true,
             io: IoMode::Sendfile,
+            write: crate::fs::WriteMode::Auto,
             transport: Transport::Tcp,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
         }

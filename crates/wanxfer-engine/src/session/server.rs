@@ -51,6 +51,8 @@ pub struct ServerLimits {
     pub max_pool_bytes: usize,
     /// How pulls send file bytes.
     pub io: crate::source::IoMode,
+    /// How pushed files are written.
+    pub write: crate::fs::WriteMode,
     /// The libfabric provider offered to clients asking for the fabric transport; `None`
     /// offers TCP only.
     pub fabric_provider: Option<String>,
@@ -73,6 +75,7 @@ impl Default for ServerLimits {
             handshake_timeout: Duration::from_secs(30),
             max_pool_bytes: 512 << 20,
             io: crate::source::IoMode::Sendfile,
+            write: crate::fs::WriteMode::Auto,
             fabric_provider: None,
             stall_timeout: super::DEFAULT_STALL_TIMEOUT,
         }
@@ -471,6 +474,7 @@ impl Connection {
                 };
                 let limits = SinkLimits {
                     max_open_files: self.limits.max_open_files,
+                    write: self.limits.write,
                 };
                 let sink = Sink::new(
                     target,

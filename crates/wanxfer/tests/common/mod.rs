@@ -330,13 +330,27 @@ fn lossy(paths: &[&Vec<u8>]) -> Vec<String> {
         .collect()
 }
 
-/// Names of entries anywhere under `root` whose final name is a wanxfer temporary file.
+/// Paths of entries anywhere under `root` whose final name is a wanxfer temporary file.
+/// Names only: a temporary has its full size reserved from its first block, and tests
+/// poll this while gigabytes are in flight, so contents are never read.
 pub fn temp_files(root: &Path) -> Vec<String> {
-    snapshot(root)
-        .keys()
-        .map(|p| String::from_utf8_lossy(p).into_owned())
-        .filter(|p| p.rsplit('/').next().unwrap().starts_with(".wanxfer-"))
-        .collect()
+    let mut found = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue; // removed while we looked
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                dirs.push(path.clone());
+            }
+            if entry.file_name().as_bytes().starts_with(b".wanxfer-") {
+                found.push(path.display().to_string());
+            }
+        }
+    }
+    found
 }
 
 /// Writes `len` bytes of a seeded, incompressible-looking pattern.
