@@ -331,7 +331,7 @@ fn sender_loop(core: &mut Core, source: &Source) -> Result<Outcome, Error> {
     let pool = Pool::new(params.pool_blocks(), params.block_size as usize);
     let (plans_tx, plans_rx) = crossbeam_channel::unbounded::<Plan>();
     let (blocks_tx, blocks_rx) = crossbeam_channel::bounded::<Block>(params.pool_blocks());
-    let (fail_tx, fail_rx) = crossbeam_channel::unbounded::<ReadFailure>();
+    let (fail_tx, mut fail_rx) = crossbeam_channel::unbounded::<ReadFailure>();
     let shared = Arc::new(ReaderShared::default());
     let cfg = ReaderConfig {
         session_tag: params.session_tag,
@@ -386,16 +386,20 @@ fn sender_loop(core: &mut Core, source: &Source) -> Result<Outcome, Error> {
                 sender_message(core, &mut st, msg)?;
             }
             recv(fail_rx) -> failure => {
-                if let Ok(ReadFailure { id, error }) = failure {
-                    let msg = FileFailed {
-                        id,
-                        class: error.wire_class(),
-                        offset: 0,
-                        message: ErrorMsg::new(error.wire_class(), &error.to_string()).message,
-                    };
-                    core.control.send(&Message::FileFailed(msg))?;
-                    resolve(core, &mut st, id, Err(error));
-                }
+                let Ok(ReadFailure { id, error }) = failure else {
+                    // The readers are done; the transfer is not (the receiver is still
+                    // writing). A closed queue is always ready: stop selecting on it.
+                    fail_rx = crossbeam_channel::never();
+                    continue;
+                };
+                let msg = FileFailed {
+                    id,
+                    class: error.wire_class(),
+                    offset: 0,
+                    message: ErrorMsg::new(error.wire_class(), &error.to_string()).message,
+                };
+                core.control.send(&Message::FileFailed(msg))?;
+                resolve(core, &mut st, id, Err(error));
             }
             recv(exits) -> exit => {
                 if let Ok(exit) = exit {
@@ -553,7 +557,7 @@ fn receiver_loop(core: &mut Core, sink: &Arc<Sink>) -> Result<Outcome, Error> {
     let (blocks_tx, blocks_rx) = crossbeam_channel::bounded::<Block>(params.pool_blocks());
     // A writer hands over a whole block's resolutions at once: one wake-up of this loop
     // and one `FileAck` per block of small files, not one per file.
-    let (res_tx, res_rx) = crossbeam_channel::unbounded::<Vec<Resolution>>();
+    let (res_tx, mut res_rx) = crossbeam_channel::unbounded::<Vec<Resolution>>();
     core.spawn_receivers(&pool, &blocks_tx)?;
     drop(blocks_tx);
     for i in 0..params.writers {
@@ -585,7 +589,13 @@ fn receiver_loop(core: &mut Core, sink: &Arc<Sink>) -> Result<Outcome, Error> {
                 receiver_message(core, sink, &mut st, msg)?;
             }
             recv(res_rx) -> batch => {
-                for res in batch.into_iter().flatten() {
+                let Ok(batch) = batch else {
+                    // Writers gone: a closed queue is always ready, so stop selecting on
+                    // it rather than spin until the control connection says we are done.
+                    res_rx = crossbeam_channel::never();
+                    continue;
+                };
+                for res in batch {
                     receiver_resolution(core, &mut st, res)?;
                 }
             }
