@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use wanxfer_proto::{Entry, EntryKind, RelPath, Segment};
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
-use crate::fs::{self, DirCache, Kind, Root, TempFile};
+use crate::fs::{self, DirCache, Kind, Root, TempFile, TempStrategy};
 use crate::pool::Block;
 use crate::Error;
 
@@ -255,6 +255,7 @@ pub struct Sink {
     failed: Mutex<HashSet<u64>>,
     dirs: Mutex<Vec<DirMeta>>,
     dirs_cache: DirCache,
+    temps: TempStrategy,
     open_files: AtomicUsize,
 }
 
@@ -279,6 +280,7 @@ impl Sink {
             failed: Mutex::default(),
             dirs: Mutex::default(),
             dirs_cache: DirCache::default(),
+            temps: TempStrategy::default(),
             open_files: AtomicUsize::new(0),
         }
     }
@@ -353,7 +355,8 @@ impl Sink {
             .map_err(|e| io("create symlink", e))?,
             EntryKind::File if entry.size == 0 => {
                 let temp =
-                    TempFile::create(dir, name, self.session_tag).map_err(|e| io("create", e))?;
+                    TempFile::create(dir, name, self.session_tag, entry.mode, Some(&self.temps))
+                        .map_err(|e| io("create", e))?;
                 temp.commit(entry.mode, entry.mtime_sec, entry.mtime_nsec)
                     .map_err(|e| io("rename into place", e))?;
             }
@@ -535,10 +538,14 @@ impl Sink {
             }
             let (parent, name) = slot.dest.split_last().expect("files are never the root");
             let dir = self.dirs_cache.get(root, &parent)?;
-            let temp = TempFile::create(dir, name, self.session_tag)
+            // A file that comes in one segment is written in one call: nothing to reserve,
+            // and nothing worth keeping if the session dies, so it needs no name until it
+            // is complete. A larger file keeps a named temporary while it grows.
+            let whole = u64::from(seg.len) == slot.size;
+            let unnamed = whole.then_some(&self.temps);
+            let temp = TempFile::create(dir, name, self.session_tag, slot.mode, unnamed)
                 .map_err(|e| Error::local("create", self.show(&slot.dest), e))?;
-            // A file that comes in one segment is written in one call: nothing to reserve.
-            if u64::from(seg.len) < slot.size {
+            if !whole {
                 temp.reserve(slot.size)
                     .map_err(|e| Error::local("reserve space for", self.show(&slot.dest), e))?;
             }
@@ -837,6 +844,25 @@ mod tests {
             ),
             "{out:?}"
         );
+    }
+
+    /// A small file (one segment, written unnamed where the kernel allows) cannot be linked
+    /// over an existing name: it must still replace it, and leave no temporary behind.
+    #[test]
+    fn a_whole_file_segment_replaces_an_existing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"old").unwrap();
+        let sink = sink_in(dir.path());
+        let data = vec![3u8; 5000];
+        sink.apply_entry(0, &entry("f", data.len() as u64)).unwrap();
+        let digest = xxh3_128(&data).to_le_bytes();
+        let out = feed(&sink, &data, 8192, &[0], digest);
+        assert!(
+            matches!(out.as_slice(), [Resolution::Done { id: 0, .. }]),
+            "{out:?}"
+        );
+        assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     #[test]
