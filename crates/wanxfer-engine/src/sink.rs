@@ -172,7 +172,9 @@ struct SlotState {
     digest: Option<[u8; 16]>,
     /// Set when one segment held the whole file and its digest was checked from memory.
     verified: bool,
-    running: RunningDigest,
+    /// Only for files that arrive in pieces: a hasher is half a kilobyte, and a slot is
+    /// held for every announced file (65,536 of them with the default window).
+    running: Option<Box<RunningDigest>>,
 }
 
 /// The digest of a file's first `upto` bytes, advanced as data arrives.
@@ -589,10 +591,9 @@ impl Sink {
                 Error::protocol(&self.peer, format!("{}: {e}", self.show(&slot.dest)))
             })?;
             if let (true, false, Some(temp)) = (self.verify_digest, state.verified, &state.temp) {
+                let running = state.running.get_or_insert_with(Box::default);
                 let advanced =
-                    state
-                        .running
-                        .advance(seg.offset, data, &state.coverage, &temp.file, scratch);
+                    running.advance(seg.offset, data, &state.coverage, &temp.file, scratch);
                 if let Err(e) = advanced {
                     drop(guard);
                     let error = Error::local("re-read for verification", self.show(&slot.dest), e);
@@ -607,8 +608,9 @@ impl Sink {
                 (false, _) => None,
                 (true, true) => state.digest,
                 (true, false) => {
-                    debug_assert_eq!(state.running.upto, slot.size);
-                    Some(state.running.hasher.digest128().to_le_bytes())
+                    let running = state.running.get_or_insert_with(Box::default);
+                    debug_assert_eq!(running.upto, slot.size);
+                    Some(running.hasher.digest128().to_le_bytes())
                 }
             };
             (state.temp.take(), computed)
