@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use wanxfer_proto::{Entry, EntryKind, RelPath, Segment};
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
-use crate::fs::{self, DirCache, Kind, Root, TempFile, WriteMode};
+use crate::fs::{self, DirCache, Kind, Root, TempFile, TempStrategy, WriteMode};
 use crate::pool::Block;
 use crate::Error;
 
@@ -172,7 +172,9 @@ struct SlotState {
     digest: Option<[u8; 16]>,
     /// Set when one segment held the whole file and its digest was checked from memory.
     verified: bool,
-    running: RunningDigest,
+    /// Only for files that arrive in pieces: a hasher is half a kilobyte, and a slot is
+    /// held for every announced file (65,536 of them with the default window).
+    running: Option<Box<RunningDigest>>,
 }
 
 /// The digest of a file's first `upto` bytes, advanced as data arrives.
@@ -259,6 +261,7 @@ pub struct Sink {
     failed: Mutex<HashSet<u64>>,
     dirs: Mutex<Vec<DirMeta>>,
     dirs_cache: DirCache,
+    temps: TempStrategy,
     open_files: AtomicUsize,
 }
 
@@ -287,6 +290,7 @@ impl Sink {
             failed: Mutex::default(),
             dirs: Mutex::default(),
             dirs_cache: DirCache::default(),
+            temps: TempStrategy::default(),
             open_files: AtomicUsize::new(0),
         }
     }
@@ -361,7 +365,8 @@ impl Sink {
             .map_err(|e| io("create symlink", e))?,
             EntryKind::File if entry.size == 0 => {
                 let temp =
-                    TempFile::create(dir, name, self.session_tag).map_err(|e| io("create", e))?;
+                    TempFile::create(dir, name, self.session_tag, entry.mode, Some(&self.temps))
+                        .map_err(|e| io("create", e))?;
                 temp.commit(entry.mode, entry.mtime_sec, entry.mtime_nsec)
                     .map_err(|e| io("rename into place", e))?;
             }
@@ -543,11 +548,15 @@ impl Sink {
             }
             let (parent, name) = slot.dest.split_last().expect("files are never the root");
             let dir = self.dirs_cache.get(root, &parent)?;
-            let mut temp = TempFile::create(dir, name, self.session_tag)
-                .map_err(|e| Error::local("create", self.show(&slot.dest), e))?;
             // A file that comes in one segment is written in one call: nothing to reserve,
-            // and the page cache serves it better than a direct write.
-            if u64::from(seg.len) < slot.size {
+            // and nothing worth keeping if the session dies, so it needs no name until it
+            // is complete. A larger file keeps a named temporary while it grows, has its
+            // size reserved, and is written direct where that pays.
+            let whole = u64::from(seg.len) == slot.size;
+            let unnamed = whole.then_some(&self.temps);
+            let mut temp = TempFile::create(dir, name, self.session_tag, slot.mode, unnamed)
+                .map_err(|e| Error::local("create", self.show(&slot.dest), e))?;
+            if !whole {
                 let local = |op, e| Error::local(op, self.show(&slot.dest), e);
                 temp.reserve(slot.size)
                     .map_err(|e| local("reserve space for", e))?;
@@ -596,10 +605,9 @@ impl Sink {
                 Error::protocol(&self.peer, format!("{}: {e}", self.show(&slot.dest)))
             })?;
             if let (true, false, Some(temp)) = (self.verify_digest, state.verified, &state.temp) {
+                let running = state.running.get_or_insert_with(Box::default);
                 let advanced =
-                    state
-                        .running
-                        .advance(seg.offset, data, &state.coverage, &temp.file, scratch);
+                    running.advance(seg.offset, data, &state.coverage, &temp.file, scratch);
                 if let Err(e) = advanced {
                     drop(guard);
                     let error = Error::local("re-read for verification", self.show(&slot.dest), e);
@@ -614,8 +622,9 @@ impl Sink {
                 (false, _) => None,
                 (true, true) => state.digest,
                 (true, false) => {
-                    debug_assert_eq!(state.running.upto, slot.size);
-                    Some(state.running.hasher.digest128().to_le_bytes())
+                    let running = state.running.get_or_insert_with(Box::default);
+                    debug_assert_eq!(running.upto, slot.size);
+                    Some(running.hasher.digest128().to_le_bytes())
                 }
             };
             (state.temp.take(), computed)
@@ -851,6 +860,25 @@ mod tests {
             ),
             "{out:?}"
         );
+    }
+
+    /// A small file (one segment, written unnamed where the kernel allows) cannot be linked
+    /// over an existing name: it must still replace it, and leave no temporary behind.
+    #[test]
+    fn a_whole_file_segment_replaces_an_existing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"old").unwrap();
+        let sink = sink_in(dir.path());
+        let data = vec![3u8; 5000];
+        sink.apply_entry(0, &entry("f", data.len() as u64)).unwrap();
+        let digest = xxh3_128(&data).to_le_bytes();
+        let out = feed(&sink, &data, 8192, &[0], digest);
+        assert!(
+            matches!(out.as_slice(), [Resolution::Done { id: 0, .. }]),
+            "{out:?}"
+        );
+        assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     #[test]

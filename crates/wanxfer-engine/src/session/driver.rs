@@ -316,6 +316,9 @@ struct SenderState {
     walk_done: bool,
     end_sent: bool,
     batch: Vec<wanxfer_proto::Entry>,
+    /// Encoded size of `batch`, kept as entries are added: summing the batch before each
+    /// entry made announcing a batch quadratic in its length.
+    batch_bytes: usize,
     batch_plans: Vec<Plan>,
     /// Plans of announced batches, released when the receiver acknowledges the batch.
     awaiting_ack: VecDeque<(u64, Vec<Plan>)>,
@@ -328,7 +331,7 @@ fn sender_loop(core: &mut Core, source: &Source) -> Result<Outcome, Error> {
     let pool = Pool::new(params.pool_blocks(), params.block_size as usize);
     let (plans_tx, plans_rx) = crossbeam_channel::unbounded::<Plan>();
     let (blocks_tx, blocks_rx) = crossbeam_channel::bounded::<Block>(params.pool_blocks());
-    let (fail_tx, fail_rx) = crossbeam_channel::unbounded::<ReadFailure>();
+    let (fail_tx, mut fail_rx) = crossbeam_channel::unbounded::<ReadFailure>();
     let shared = Arc::new(ReaderShared::default());
     let cfg = ReaderConfig {
         session_tag: params.session_tag,
@@ -363,6 +366,7 @@ fn sender_loop(core: &mut Core, source: &Source) -> Result<Outcome, Error> {
         walk_done: false,
         end_sent: false,
         batch: Vec::new(),
+        batch_bytes: 0,
         batch_plans: Vec::new(),
         awaiting_ack: VecDeque::new(),
         plans: Some(plans_tx),
@@ -382,16 +386,20 @@ fn sender_loop(core: &mut Core, source: &Source) -> Result<Outcome, Error> {
                 sender_message(core, &mut st, msg)?;
             }
             recv(fail_rx) -> failure => {
-                if let Ok(ReadFailure { id, error }) = failure {
-                    let msg = FileFailed {
-                        id,
-                        class: error.wire_class(),
-                        offset: 0,
-                        message: ErrorMsg::new(error.wire_class(), &error.to_string()).message,
-                    };
-                    core.control.send(&Message::FileFailed(msg))?;
-                    resolve(core, &mut st, id, Err(error));
-                }
+                let Ok(ReadFailure { id, error }) = failure else {
+                    // The readers are done; the transfer is not (the receiver is still
+                    // writing). A closed queue is always ready: stop selecting on it.
+                    fail_rx = crossbeam_channel::never();
+                    continue;
+                };
+                let msg = FileFailed {
+                    id,
+                    class: error.wire_class(),
+                    offset: 0,
+                    message: ErrorMsg::new(error.wire_class(), &error.to_string()).message,
+                };
+                core.control.send(&Message::FileFailed(msg))?;
+                resolve(core, &mut st, id, Err(error));
             }
             recv(exits) -> exit => {
                 if let Ok(exit) = exit {
@@ -424,7 +432,7 @@ fn walk_some(core: &mut Core, st: &mut SenderState) -> Result<(), Error> {
     while !st.walk_done
         && st.outstanding.len() < window
         && st.batch.len() < MAX_MANIFEST_ENTRIES
-        && manifest_bytes(&st.batch) < wanxfer_proto::MAX_FRAME_BODY / 2
+        && st.batch_bytes < wanxfer_proto::MAX_FRAME_BODY / 2
     {
         match st.walker.next_entry() {
             None => st.walk_done = true,
@@ -440,6 +448,7 @@ fn walk_some(core: &mut Core, st: &mut SenderState) -> Result<(), Error> {
                 core.progress
                     .total_bytes
                     .fetch_add(walked.entry.size, Ordering::Relaxed);
+                st.batch_bytes += manifest_bytes(&walked.entry);
                 st.batch.push(walked.entry);
                 if let Some(job) = walked.job {
                     st.planner.add(job, &mut st.batch_plans);
@@ -452,6 +461,7 @@ fn walk_some(core: &mut Core, st: &mut SenderState) -> Result<(), Error> {
         st.planner.flush(&mut st.batch_plans);
         let first_id = st.next_id - st.batch.len() as u64;
         let entries = std::mem::take(&mut st.batch);
+        st.batch_bytes = 0;
         core.control
             .send(&Message::Manifest(Manifest { first_id, entries }))?;
         st.awaiting_ack
@@ -468,11 +478,9 @@ fn walk_some(core: &mut Core, st: &mut SenderState) -> Result<(), Error> {
     Ok(())
 }
 
-fn manifest_bytes(batch: &[wanxfer_proto::Entry]) -> usize {
-    batch
-        .iter()
-        .map(|e| 40 + e.path.as_bytes().len() + e.link_target.len())
-        .sum()
+/// An upper bound on the bytes `entry` adds to a `Manifest` frame.
+fn manifest_bytes(entry: &wanxfer_proto::Entry) -> usize {
+    40 + entry.path.as_bytes().len() + entry.link_target.len()
 }
 
 /// Hands the readers every plan whose entries the receiver has taken in; closes the plan
@@ -547,7 +555,9 @@ fn receiver_loop(core: &mut Core, sink: &Arc<Sink>) -> Result<Outcome, Error> {
     let params = core.params.clone();
     let pool = Pool::new(params.pool_blocks(), params.block_size as usize);
     let (blocks_tx, blocks_rx) = crossbeam_channel::bounded::<Block>(params.pool_blocks());
-    let (res_tx, res_rx) = crossbeam_channel::unbounded::<Resolution>();
+    // A writer hands over a whole block's resolutions at once: one wake-up of this loop
+    // and one `FileAck` per block of small files, not one per file.
+    let (res_tx, mut res_rx) = crossbeam_channel::unbounded::<Vec<Resolution>>();
     core.spawn_receivers(&pool, &blocks_tx)?;
     drop(blocks_tx);
     for i in 0..params.writers {
@@ -578,8 +588,14 @@ fn receiver_loop(core: &mut Core, sink: &Arc<Sink>) -> Result<Outcome, Error> {
                 let msg = msg.map_err(|_| Error::Cancelled)??;
                 receiver_message(core, sink, &mut st, msg)?;
             }
-            recv(res_rx) -> res => {
-                if let Ok(res) = res {
+            recv(res_rx) -> batch => {
+                let Ok(batch) = batch else {
+                    // Writers gone: a closed queue is always ready, so stop selecting on
+                    // it rather than spin until the control connection says we are done.
+                    res_rx = crossbeam_channel::never();
+                    continue;
+                };
+                for res in batch {
                     receiver_resolution(core, &mut st, res)?;
                 }
             }
@@ -708,16 +724,16 @@ fn receiver_message(
 fn run_writer(
     queue: &Receiver<Block>,
     sink: &Sink,
-    results: &Sender<Resolution>,
+    results: &Sender<Vec<Resolution>>,
     cancel: &Cancel,
 ) -> Result<(), Error> {
     let mut scratch = Vec::new();
-    let mut resolved = Vec::new();
     while let Some(block) = recv_or_cancel(queue, cancel)? {
+        let mut resolved = Vec::new();
         sink.place_block(&block, &mut scratch, &mut resolved)?;
         drop(block);
-        for res in resolved.drain(..) {
-            let _ = results.send(res);
+        if !resolved.is_empty() {
+            let _ = results.send(resolved);
         }
     }
     Ok(())
