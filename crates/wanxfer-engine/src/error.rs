@@ -86,7 +86,7 @@ impl Error {
         Error::Network {
             peer: peer.to_string(),
             context,
-            source,
+            source: explain_lost_connection(source),
         }
     }
 
@@ -159,5 +159,17 @@ impl Error {
             Error::Files { first, .. } => first.wire_class(),
             Error::Network { .. } | Error::Cancelled | Error::Internal(_) => FailureClass::Internal,
         }
+    }
+}
+
+/// "Broken pipe" and "Connection reset by peer" are what a vanished peer looks like from
+/// whichever socket noticed first; say so in words an operator acts on.
+fn explain_lost_connection(e: io::Error) -> io::Error {
+    use io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+    match e.kind() {
+        kind @ (BrokenPipe | ConnectionReset | ConnectionAborted) => {
+            io::Error::new(kind, format!("connection lost, the peer went away ({e})"))
+        }
+        _ => e,
     }
 }
