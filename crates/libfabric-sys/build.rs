@@ -1,7 +1,9 @@
-//! Finds the system libfabric with pkg-config, generates bindings with
-//! bindgen, and compiles C wrappers for the header's `static inline` calls
+//! Finds the system libfabric's headers with pkg-config, generates bindings
+//! with bindgen, and compiles C wrappers for the header's `static inline` calls
 //! (most of the `fi_*` API is inline dispatch through ops tables, so without
-//! the wrappers there would be nothing to link against).
+//! the wrappers there would be nothing to link against). The library itself is
+//! not linked: the few functions it exports are loaded at first use (see
+//! `src/lib.rs`), so nothing is emitted for the linker.
 
 use std::env;
 use std::path::PathBuf;
@@ -12,6 +14,7 @@ fn main() {
 
     let lib = pkg_config::Config::new()
         .atleast_version("1.10")
+        .cargo_metadata(false)
         .probe("libfabric")
         .unwrap_or_else(|e| {
             panic!(
@@ -27,6 +30,8 @@ fn main() {
     let mut builder = bindgen::Builder::default()
         .header(header.to_string_lossy())
         .allowlist_function("fi_.*")
+        // Exported by the shared library, which is loaded at run time: lib.rs defines them.
+        .blocklist_function("fi_(getinfo|freeinfo|dupinfo|fabric|strerror)")
         .allowlist_type("fi_.*|fid.*")
         .allowlist_var("FI_.*")
         .prepend_enum_name(false)

@@ -179,6 +179,12 @@ pub(crate) enum Role {
 
 /// Runs `fi_getinfo` for a connected RMA endpoint at `role`'s address.
 pub(crate) fn discover(cfg: &FabricConfig, role: Role) -> Result<OwnedInfo> {
+    if let Some(why) = sys::library_unavailable() {
+        return Err(Error::ProviderUnavailable {
+            requested: cfg.provider.clone(),
+            detail: why.to_string(),
+        });
+    }
     let mut info = getinfo(cfg, role).map_err(|code| Error::ProviderUnavailable {
         requested: cfg.provider.clone(),
         detail: format!(

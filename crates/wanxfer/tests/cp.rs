@@ -83,6 +83,18 @@ fn direct_and_buffered_writes_land_the_same_bytes_both_ways() {
     }
 }
 
+/// libfabric is loaded only for `--transport fabric`: a TCP session must not pay for its
+/// providers' start-up (Debian's pull in a library whose constructor takes ~0.2 s).
+#[test]
+fn a_tcp_session_never_loads_libfabric() {
+    let site = Site::new();
+    let src = site.path("f");
+    fs::write(&src, b"tcp only").unwrap();
+    cp([src.as_os_str(), &site.server.url("f")]).assert_ok();
+    let maps = fs::read_to_string(format!("/proc/{}/maps", site.server.pid())).unwrap();
+    assert!(!maps.contains("libfabric"), "the server mapped libfabric");
+}
+
 #[test]
 fn a_large_file_goes_both_ways_intact() {
     let site = Site::new();
