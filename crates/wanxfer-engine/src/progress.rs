@@ -16,6 +16,10 @@ pub struct Progress {
     pub total_bytes: AtomicU64,
     pub total_files: AtomicU64,
     pub failed_files: AtomicU64,
+    /// `--io zerocopy`: sends made with `MSG_ZEROCOPY`, and how many of them the kernel
+    /// reported it copied after all (all of them on loopback).
+    pub zerocopy_sends: AtomicU64,
+    pub zerocopy_copied: AtomicU64,
 }
 
 impl Progress {

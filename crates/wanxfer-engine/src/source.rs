@@ -485,6 +485,10 @@ pub enum IoMode {
     /// saved, and with checksums off the read too. Small packed files are still copied
     /// (one `sendfile` per tiny file would cost more than the copy).
     Sendfile,
+    /// Every block is read into a pool buffer and sent with `MSG_ZEROCOPY`: the kernel
+    /// sends from the buffer instead of copying it, where the device allows (see
+    /// `transport::zerocopy`); `--json` counts the sends it copied anyway.
+    Zerocopy,
 }
 
 impl IoMode {
@@ -492,6 +496,7 @@ impl IoMode {
         match self {
             IoMode::Copy => "copy",
             IoMode::Sendfile => "sendfile",
+            IoMode::Zerocopy => "zerocopy",
         }
     }
 }

@@ -214,6 +214,9 @@ pub enum IoArg {
     /// Large files straight from the page cache (falls back to copying where a file
     /// system cannot).
     Sendfile,
+    /// Send from the block buffers with MSG_ZEROCOPY; pays only where the NIC can send
+    /// from user pages (on loopback the kernel copies: --json counts it).
+    Zerocopy,
 }
 
 impl IoArg {
@@ -221,6 +224,7 @@ impl IoArg {
         match self {
             IoArg::Auto | IoArg::Sendfile => IoMode::Sendfile,
             IoArg::Copy => IoMode::Copy,
+            IoArg::Zerocopy => IoMode::Zerocopy,
         }
     }
 }

@@ -78,6 +78,10 @@ struct JsonReport<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     fabric_domain: Option<&'a str>,
     io: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    zerocopy_sends: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    zerocopy_copied: Option<u64>,
     block_checksum: bool,
     file_digest: bool,
     skipped: &'a [String],
@@ -111,6 +115,8 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool) {
             fabric_fabric: report.fabric.as_ref().map(|f| f.fabric.as_str()),
             fabric_domain: report.fabric.as_ref().map(|f| f.domain.as_str()),
             io: report.io,
+            zerocopy_sends: (report.io == "zerocopy").then_some(report.zerocopy_sends),
+            zerocopy_copied: (report.io == "zerocopy").then_some(report.zerocopy_copied),
             block_checksum: tuning.block_crc,
             file_digest: tuning.file_digest,
             skipped: &report.skipped,

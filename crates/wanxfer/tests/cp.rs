@@ -43,6 +43,14 @@ fn every_io_mode_and_stream_count_moves_the_same_bytes() {
             "64KiB",
         ][..],
         &["--no-block-checksum", "--depth", "1"][..],
+        &[
+            "--io",
+            "zerocopy",
+            "--streams",
+            "2",
+            "--block-size",
+            "64KiB",
+        ][..],
     ]
     .iter()
     .enumerate()
@@ -93,6 +101,45 @@ fn a_tcp_session_never_loads_libfabric() {
     cp([src.as_os_str(), &site.server.url("f")]).assert_ok();
     let maps = fs::read_to_string(format!("/proc/{}/maps", site.server.pid())).unwrap();
     assert!(!maps.contains("libfabric"), "the server mapped libfabric");
+}
+
+/// `--io zerocopy` sends every block with MSG_ZEROCOPY and says in `--json` how many
+/// sends the kernel copied anyway (on loopback: all of them, which is why `auto` does not
+/// use it); every block is released before the session ends, so pushes and pulls finish.
+#[test]
+fn zerocopy_sends_are_counted_and_released() {
+    let site = Site::new();
+    let src = site.path("src/tree");
+    odd_tree(&src);
+    write_pattern(&src.join("big"), (3 << 20) + 17, 3);
+    let run = cp([
+        OsStr::new("--json"),
+        OsStr::new("--io"),
+        OsStr::new("zerocopy"),
+        OsStr::new("--block-size"),
+        OsStr::new("256KiB"),
+        OsStr::new("--depth"),
+        OsStr::new("1"),
+        src.as_os_str(),
+        &site.server.url("copy"),
+    ]);
+    let json = run.assert_ok().json();
+    assert_eq!(json["io"], "zerocopy");
+    let sends = json["zerocopy_sends"].as_u64().unwrap();
+    let copied = json["zerocopy_copied"].as_u64().unwrap();
+    assert!(sends >= 12 && copied <= sends, "{json}");
+    assert_same_tree(&src, &site.root().join("copy"), true);
+
+    let mem = cp([
+        OsStr::new("--json"),
+        OsStr::new("--io"),
+        OsStr::new("zerocopy"),
+        OsStr::new("--bytes"),
+        OsStr::new("64MiB"),
+        OsStr::new("/dev/zero"),
+        &site.server.url("dev/null"),
+    ]);
+    assert_eq!(mem.assert_ok().json()["bytes"], 64u64 << 20);
 }
 
 #[test]

@@ -69,6 +69,9 @@ pub struct Report {
     pub fabric: Option<FabricNames>,
     /// How this side sent file bytes (meaningful when it sent).
     pub io: &'static str,
+    /// `--io zerocopy`: MSG_ZEROCOPY sends made, and how many the kernel copied anyway.
+    pub zerocopy_sends: u64,
+    pub zerocopy_copied: u64,
     pub skipped: Vec<String>,
 }
 
@@ -169,6 +172,12 @@ pub fn run_client(
         transport: cfg.tuning.transport.name(),
         fabric: fabric_names,
         io: params.io.name(),
+        zerocopy_sends: progress
+            .zerocopy_sends
+            .load(std::sync::atomic::Ordering::Relaxed),
+        zerocopy_copied: progress
+            .zerocopy_copied
+            .load(std::sync::atomic::Ordering::Relaxed),
         skipped: outcome.skipped,
     };
     match outcome.failures.into_iter().next() {

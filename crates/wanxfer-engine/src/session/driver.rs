@@ -183,6 +183,9 @@ impl Core {
         }
         for i in 0..self.channels.len() {
             let mut channel = self.channel(&self.channels[i])?;
+            if self.params.io == crate::source::IoMode::Zerocopy {
+                channel.enable_zerocopy()?;
+            }
             let (queue, cancel, progress) =
                 (queue.clone(), self.cancel.clone(), self.progress.clone());
             self.spawn(&format!("send{i}"), move || {

@@ -11,25 +11,44 @@
 //! same self-describing blocks, so everything above them is shared.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use wanxfer_proto::BlockHeader;
 
-use crate::pool::{recv_or_cancel, Block, Cancel, Pool};
+use crate::pool::{Block, Cancel, Pool, CANCEL_POLL};
 use crate::progress::Progress;
 use crate::Error;
 
 pub mod fabric;
 pub mod tcp;
+pub mod zerocopy;
 
 pub use tcp::TcpChannel;
 
 /// The sending half of a channel.
 pub trait BlockTx: Send {
-    fn send(&mut self, block: &Block) -> Result<(), Error>;
+    /// Sends `block`; the channel may keep it (its buffer) until the kernel is done with it.
+    fn send(&mut self, block: Block) -> Result<(), Error>;
     /// No more blocks: the receiver sees a clean end of stream.
     fn finish(&mut self) -> Result<(), Error>;
+    /// Whether the channel keeps sent blocks that [`BlockTx::reclaim`] may give back.
+    fn holds_blocks(&self) -> bool {
+        false
+    }
+    /// Returns to the pool the blocks the kernel has released (zero-copy sends).
+    fn reclaim(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+    /// Zero-copy sends made and how many of them the kernel copied after all.
+    fn zerocopy_counts(&self) -> (u64, u64) {
+        (0, 0)
+    }
 }
+
+/// How often a channel holding zero-copy blocks looks for their release while no new
+/// block is queued: the pool may be empty until it does.
+const RECLAIM_POLL: Duration = Duration::from_millis(1);
 
 /// The receiving half of a channel.
 pub trait BlockRx: Send {
@@ -44,13 +63,32 @@ pub fn pump_out(
     cancel: &Cancel,
     progress: &Progress,
 ) -> Result<(), Error> {
-    while let Some(block) = recv_or_cancel(queue, cancel)? {
-        tx.send(&block)?;
-        progress
-            .bytes
-            .fetch_add(block.len as u64, Ordering::Relaxed);
+    loop {
+        let poll = if tx.holds_blocks() {
+            RECLAIM_POLL
+        } else {
+            CANCEL_POLL
+        };
+        match queue.recv_timeout(poll) {
+            Ok(block) => {
+                let len = block.len as u64;
+                tx.send(block)?;
+                progress.bytes.fetch_add(len, Ordering::Relaxed);
+            }
+            Err(RecvTimeoutError::Timeout) if cancel.is_cancelled() => {
+                return Err(Error::Cancelled)
+            }
+            Err(RecvTimeoutError::Timeout) => tx.reclaim()?,
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
     }
-    tx.finish()
+    let finished = tx.finish();
+    let (sends, copied) = tx.zerocopy_counts();
+    progress.zerocopy_sends.fetch_add(sends, Ordering::Relaxed);
+    progress
+        .zerocopy_copied
+        .fetch_add(copied, Ordering::Relaxed);
+    finished
 }
 
 /// Receives blocks into pool buffers and queues them for the writers until the sender

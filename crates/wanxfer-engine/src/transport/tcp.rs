@@ -12,6 +12,7 @@ use std::net::{Shutdown, TcpStream};
 
 use wanxfer_proto::{BlockHeader, Segment};
 
+use super::zerocopy::{self, InFlight};
 use super::{check_header, BlockRx, BlockTx};
 use crate::pool::{Block, Cancel, Pool};
 use crate::Error;
@@ -25,6 +26,8 @@ pub struct TcpChannel {
     max_payload: usize,
     session_tag: u64,
     table: Vec<u8>,
+    /// `--io zerocopy`: blocks sent with `MSG_ZEROCOPY`, kept until the kernel releases them.
+    zerocopy: Option<InFlight<Block>>,
 }
 
 impl TcpChannel {
@@ -35,7 +38,55 @@ impl TcpChannel {
             max_payload,
             session_tag,
             table: Vec::new(),
+            zerocopy: None,
         }
+    }
+
+    /// Sends blocks from pool buffers with `MSG_ZEROCOPY` from now on (see
+    /// [`super::zerocopy`]). Fails where the kernel does not offer it.
+    pub fn enable_zerocopy(&mut self) -> Result<(), Error> {
+        use std::os::fd::AsFd;
+        zerocopy::enable(self.stream.as_fd()).map_err(|e| {
+            Error::local(
+                "enable MSG_ZEROCOPY (--io zerocopy) on the connection to",
+                &self.peer,
+                e,
+            )
+        })?;
+        self.zerocopy = Some(InFlight::default());
+        Ok(())
+    }
+
+    /// Sends `block` with `MSG_ZEROCOPY` and keeps it until the kernel releases it;
+    /// blocks it released meanwhile go back to the pool.
+    fn send_zerocopy(&mut self, block: Block) -> io::Result<()> {
+        use std::os::fd::AsFd;
+        let flight = self.zerocopy.as_mut().expect("called in zerocopy mode");
+        let socket = self.stream.as_fd();
+        let mut slices = [IoSlice::new(&block.header), IoSlice::new(block.payload())];
+        let mut left: &mut [IoSlice<'_>] = &mut slices;
+        while !left.is_empty() {
+            match send_flagged(socket, left, libc::MSG_ZEROCOPY) {
+                Ok(n) => {
+                    flight.sent();
+                    IoSlice::advance_slices(&mut left, n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // Too much memory pinned for this socket: wait for releases, then retry.
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    drop(zerocopy::wait_until_held_at_most(socket, flight, 0)?);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        flight.hold(block);
+        zerocopy::reap(socket, flight, std::time::Duration::ZERO)?;
+        drop(zerocopy::wait_until_held_at_most(
+            socket,
+            flight,
+            zerocopy::MAX_HELD_BLOCKS,
+        )?);
+        Ok(())
     }
 
     fn net(&self, context: &'static str, e: io::Error) -> Error {
@@ -73,7 +124,12 @@ impl TcpChannel {
 }
 
 impl BlockTx for TcpChannel {
-    fn send(&mut self, block: &Block) -> Result<(), Error> {
+    fn send(&mut self, block: Block) -> Result<(), Error> {
+        if block.file_range.is_none() && self.zerocopy.is_some() {
+            return self
+                .send_zerocopy(block)
+                .map_err(|e| self.net("sending to", e));
+        }
         let sent = match &block.file_range {
             None => {
                 let mut slices = [IoSlice::new(&block.header), IoSlice::new(block.payload())];
@@ -87,9 +143,55 @@ impl BlockTx for TcpChannel {
     }
 
     fn finish(&mut self) -> Result<(), Error> {
+        if let Some(flight) = &mut self.zerocopy {
+            use std::os::fd::AsFd;
+            zerocopy::wait_until_held_at_most(self.stream.as_fd(), flight, 0)
+                .map_err(|e| Error::network("waiting for the kernel to send to", &self.peer, e))?;
+        }
         self.stream
             .shutdown(Shutdown::Write)
             .map_err(|e| self.net("closing channel to", e))
+    }
+
+    fn holds_blocks(&self) -> bool {
+        self.zerocopy.as_ref().is_some_and(|f| f.held() > 0)
+    }
+
+    fn reclaim(&mut self) -> Result<(), Error> {
+        if let Some(flight) = &mut self.zerocopy {
+            use std::os::fd::AsFd;
+            zerocopy::reap(self.stream.as_fd(), flight, std::time::Duration::ZERO)
+                .map_err(|e| Error::network("reading send completions from", &self.peer, e))?;
+            drop(flight.take_released().collect::<Vec<_>>());
+        }
+        Ok(())
+    }
+
+    fn zerocopy_counts(&self) -> (u64, u64) {
+        self.zerocopy
+            .as_ref()
+            .map_or((0, 0), |f| (f.sends, f.copied))
+    }
+}
+
+/// One `sendmsg` of `slices` with `flags`; the byte count sent.
+fn send_flagged(
+    socket: std::os::fd::BorrowedFd<'_>,
+    slices: &[IoSlice<'_>],
+    flags: libc::c_int,
+) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a zeroed msghdr is valid; it points at `slices`, whose layout matches
+    // `iovec` (guaranteed by std), for the duration of the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = slices.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = slices.len() as _;
+    // SAFETY: a valid socket and message; the kernel only reads the buffers.
+    let rc = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, flags | libc::MSG_NOSIGNAL) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc as usize)
     }
 }
 
