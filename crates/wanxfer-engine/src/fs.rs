@@ -332,14 +332,6 @@ impl WriteMode {
             }),
         }
     }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            WriteMode::Auto => "auto",
-            WriteMode::Buffered => "buffered",
-            WriteMode::Direct => "direct",
-        }
-    }
 }
 
 /// A file being written out of sight in its final directory.
