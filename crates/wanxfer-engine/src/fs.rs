@@ -491,10 +491,15 @@ impl TempFile {
         }
     }
 
+    /// Whether [`TempFile::write_direct`] took effect.
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
     /// Writes `data` at `offset`: its aligned part with `O_DIRECT` when writing direct and
     /// `data` and `offset` allow it, the rest (a file's tail, as a rule) through the page
-    /// cache.
-    pub fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+    /// cache. Returns how many bytes went direct.
+    pub fn write_at(&self, data: &[u8], offset: u64) -> io::Result<usize> {
         use std::os::unix::fs::FileExt;
         let direct_len = match &self.direct {
             Some(_) if is_aligned(data.as_ptr() as u64) && is_aligned(offset) => {
@@ -506,7 +511,8 @@ impl TempFile {
             direct.write_all_at(&data[..direct_len], offset)?;
         }
         self.file
-            .write_all_at(&data[direct_len..], offset + direct_len as u64)
+            .write_all_at(&data[direct_len..], offset + direct_len as u64)?;
+        Ok(direct_len)
     }
 
     /// Reserves the file's announced size before its data arrives. A disk too small for it
@@ -735,16 +741,20 @@ mod tests {
             let (first, rest) = data.split_at(3 * DIRECT_ALIGN);
             let mut a = pool.take(&cancel).unwrap();
             a.space().copy_from_slice(first);
-            t.write_at(&a.space()[..first.len()], 0).unwrap();
+            let went_direct = |n: usize| if direct { n } else { 0 };
+            let n = t.write_at(&a.space()[..first.len()], 0).unwrap();
+            assert_eq!(n, went_direct(first.len()));
             // The tail: not a multiple of the alignment.
             let (second, tail) = rest.split_at(DIRECT_ALIGN + 100);
             let mut b = pool.take(&cancel).unwrap();
             b.space()[..second.len()].copy_from_slice(second);
-            t.write_at(&b.space()[..second.len()], first.len() as u64)
+            let n = t
+                .write_at(&b.space()[..second.len()], first.len() as u64)
                 .unwrap();
-            // A buffer that is not aligned at all goes through the page cache.
+            assert_eq!(n, went_direct(DIRECT_ALIGN), "the aligned part only");
+            // Data at an unaligned offset goes through the page cache.
             let at = (first.len() + second.len()) as u64;
-            t.write_at(tail, at).unwrap();
+            assert_eq!(t.write_at(tail, at).unwrap(), 0);
             let mut back = vec![0u8; data.len()];
             std::os::unix::fs::FileExt::read_exact_at(&t.file, &mut back, 0).unwrap();
             assert!(back == data, "direct={direct}");

@@ -206,9 +206,19 @@ pub struct BlockBuf {
     pub segments: Vec<Segment>,
     /// Receiver side: the payload failed its checksum; its files must not be written.
     pub damaged: bool,
-    /// Sender side, zero-copy: the payload is `len` bytes of this file at this offset, to
-    /// be sent from the page cache; the buffer may hold a copy read only for checksums.
-    pub file_range: Option<(std::sync::Arc<std::fs::File>, u64)>,
+    /// Sender side, zero-copy: the payload is `len` bytes of a file, to be sent from the
+    /// page cache.
+    pub file_range: Option<FileRange>,
+}
+
+/// Where a block's payload lies in a file, for sending it from the page cache.
+#[derive(Debug, Clone)]
+pub struct FileRange {
+    pub file: std::sync::Arc<std::fs::File>,
+    pub offset: u64,
+    /// Whether the buffer also holds the payload (read to be checksummed), so that a
+    /// file system refusing `sendfile` costs no second read.
+    pub in_buffer: bool,
 }
 
 impl BlockBuf {

@@ -4,6 +4,7 @@
 //! progress bar, a benchmark, a test) reads them when it likes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 /// Live counters of one session, seen from this side.
 #[derive(Debug, Default)]
@@ -20,6 +21,23 @@ pub struct Progress {
     /// reported it copied after all (all of them on loopback).
     pub zerocopy_sends: AtomicU64,
     pub zerocopy_copied: AtomicU64,
+    /// Sending: the first reason a channel did less than `--io` asked for (see
+    /// [`IoUse::fallback`]).
+    pub io_fallback: OnceLock<String>,
+}
+
+/// How one side moved file bytes in a session, reported at its end (the server's in its
+/// `Stats`), so that a fallback is seen where it happened instead of guessed from a rate.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IoUse {
+    /// Sending: `sendfile`, `copy` or `zerocopy`; receiving: `direct`, `buffered` (how
+    /// files of more than one block were written) or `discard`.
+    pub mode: String,
+    /// Receiving: bytes written with `O_DIRECT`.
+    pub direct_bytes: u64,
+    /// The first thing that made this side do less than its mode asked for: a file
+    /// system refusing `sendfile` or `O_DIRECT`, say. Later ones are usually the same.
+    pub fallback: Option<String>,
 }
 
 impl Progress {

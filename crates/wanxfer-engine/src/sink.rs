@@ -14,14 +14,15 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use wanxfer_proto::{Entry, EntryKind, RelPath, Segment};
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 use crate::fs::{self, DirCache, Kind, Root, TempFile, TempStrategy, WriteMode};
 use crate::pool::Block;
+use crate::progress::IoUse;
 use crate::Error;
 
 /// Where a transfer's top-level names land, decided once per session like `cp -r`.
@@ -263,6 +264,9 @@ pub struct Sink {
     dirs_cache: DirCache,
     temps: TempStrategy,
     open_files: AtomicUsize,
+    /// Bytes written with `O_DIRECT`, and the first reason files were not, for the report.
+    direct_bytes: AtomicU64,
+    io_fallback: OnceLock<String>,
 }
 
 impl Sink {
@@ -292,7 +296,41 @@ impl Sink {
             dirs_cache: DirCache::default(),
             temps: TempStrategy::default(),
             open_files: AtomicUsize::new(0),
+            direct_bytes: AtomicU64::new(0),
+            io_fallback: OnceLock::new(),
         }
+    }
+
+    /// How this side wrote what it received, for the session's report.
+    pub fn io_use(&self) -> IoUse {
+        let mode = match (&self.target, self.direct) {
+            (None, _) => "discard",
+            (Some(_), true) => "direct",
+            (Some(_), false) => "buffered",
+        };
+        IoUse {
+            mode: mode.to_string(),
+            direct_bytes: self.direct_bytes.load(Ordering::Relaxed),
+            fallback: self.io_fallback.get().cloned(),
+        }
+    }
+
+    /// Counts bytes written direct, and notes when a file meant to be written direct got
+    /// a whole aligned stretch through the page cache because the block's memory was not
+    /// page-aligned (fabric blocks land after their header in the slot).
+    fn count_direct(&self, temp: &TempFile, data: &[u8], direct: usize) {
+        self.direct_bytes
+            .fetch_add(direct as u64, Ordering::Relaxed);
+        if temp.is_direct() && direct == 0 && data.len() >= fs::DIRECT_ALIGN {
+            self.note_fallback(
+                "O_DIRECT: received blocks were not page-aligned (in memory or in the file), so \
+                 they were written through the page cache",
+            );
+        }
+    }
+
+    fn note_fallback(&self, why: &str) {
+        let _ = self.io_fallback.set(why.to_string());
     }
 
     fn show(&self, rel: &RelPath) -> String {
@@ -501,9 +539,12 @@ impl Sink {
         }
         let temp = self.prepare(seg, &slot, data)?;
         if let Some(temp) = &temp {
-            if let Err(e) = temp.write_at(data, seg.offset) {
-                let error = Error::local("write", self.show(&slot.dest), e);
-                return self.fail_or_abort(seg.file_id, error);
+            match temp.write_at(data, seg.offset) {
+                Ok(direct) => self.count_direct(temp, data, direct),
+                Err(e) => {
+                    let error = Error::local("write", self.show(&slot.dest), e);
+                    return self.fail_or_abort(seg.file_id, error);
+                }
             }
         }
         drop(temp);
@@ -561,8 +602,15 @@ impl Sink {
                 temp.reserve(slot.size)
                     .map_err(|e| local("reserve space for", e))?;
                 if self.direct {
-                    temp.write_direct()
+                    let direct = temp
+                        .write_direct()
                         .map_err(|e| local("open for direct I/O", e))?;
+                    if !direct {
+                        self.note_fallback(
+                            "O_DIRECT: the destination's file system refused it, so files \
+                             were written through the page cache",
+                        );
+                    }
                 }
             }
             self.open_files.fetch_add(1, Ordering::Relaxed);

@@ -27,7 +27,7 @@ use wanxfer_proto::{BlockHeader, Entry, EntryKind, RelPath, Segment, MAX_SEGMENT
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 use crate::fs::{self, Kind, Meta, Root};
-use crate::pool::{recv_or_cancel, Block, Cancel, Pool};
+use crate::pool::{recv_or_cancel, Block, Cancel, FileRange, Pool};
 use crate::Error;
 
 /// One top-level item to send: `name` inside the directory `base`.
@@ -583,7 +583,11 @@ impl Reader {
             }
             block.len = len;
             if zero_copy {
-                block.file_range = file.clone().map(|f| (f, offset));
+                block.file_range = file.clone().map(|file| FileRange {
+                    file,
+                    offset,
+                    in_buffer: must_read,
+                });
             }
             let last = offset + len as u64 == job.size;
             let mut seg = Segment {

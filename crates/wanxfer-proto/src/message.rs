@@ -291,13 +291,25 @@ pub struct FabricEndpoint {
 /// Longest provider, fabric or domain name in [`FabricEndpoint`].
 pub const MAX_FABRIC_NAME_BYTES: usize = 256;
 
-/// A side's resource use for one session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Longest I/O mode name or fallback reason in [`Stats`].
+pub const MAX_IO_NOTE_BYTES: usize = 512;
+
+/// A side's resource use for one session, and how it moved file bytes: an operator
+/// reading the client's report should not have to log into the server to learn that it
+/// wrote through the page cache, or fell back from what it was told to do.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Stats {
     pub cpu_user_us: u64,
     pub cpu_sys_us: u64,
     pub bytes: u64,
     pub files: u64,
+    /// Sending: `sendfile`, `copy` or `zerocopy`; receiving: `direct`, `buffered` or
+    /// `discard`.
+    pub io_mode: Vec<u8>,
+    /// Receiving: bytes written with `O_DIRECT`, bypassing the page cache.
+    pub direct_bytes: u64,
+    /// Why the side did less than its mode asked for; empty if it did not.
+    pub io_fallback: Vec<u8>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -425,6 +437,9 @@ impl Message {
                 e.u64(s.cpu_sys_us);
                 e.u64(s.bytes);
                 e.u64(s.files);
+                e.bytes(&s.io_mode);
+                e.u64(s.direct_bytes);
+                e.bytes(&s.io_fallback);
             }
             Message::ChannelAccepted { index } => e.u16(*index),
             Message::FabricEndpoint(f) => {
@@ -512,6 +527,9 @@ impl Message {
                 cpu_sys_us: d.u64()?,
                 bytes: d.u64()?,
                 files: d.u64()?,
+                io_mode: d.bytes("I/O mode", MAX_IO_NOTE_BYTES)?.to_vec(),
+                direct_bytes: d.u64()?,
+                io_fallback: d.bytes("I/O fallback", MAX_IO_NOTE_BYTES)?.to_vec(),
             }),
             16 => Message::ChannelAccepted { index: d.u16()? },
             17 => Message::FabricEndpoint(FabricEndpoint {

@@ -177,14 +177,21 @@ fn message() -> impl Strategy<Value = Message> {
             })
         ),
         Just(Message::Finish),
-        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(a, b, c, d)| {
-            Message::Stats(Stats {
-                cpu_user_us: a,
-                cpu_sys_us: b,
-                bytes: c,
-                files: d,
-            })
-        }),
+        (
+            (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
+            ("[a-z]{0,10}", any::<u64>(), ".{0,40}")
+        )
+            .prop_map(|((a, b, c, d), (mode, direct, why))| {
+                Message::Stats(Stats {
+                    cpu_user_us: a,
+                    cpu_sys_us: b,
+                    bytes: c,
+                    files: d,
+                    io_mode: mode.into_bytes(),
+                    direct_bytes: direct,
+                    io_fallback: why.into_bytes(),
+                })
+            }),
         any::<u16>().prop_map(|index| Message::ChannelAccepted { index }),
         (
             any::<u16>(),

@@ -207,12 +207,15 @@ pub struct CpArgs {
 /// How file bytes are sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum IoArg {
-    /// The measured best for this machine: sendfile for large files.
+    /// The measured best: sendfile for large files, plain sends from the block buffers
+    /// for the rest (MSG_ZEROCOPY is not tried: see zerocopy).
     Auto,
     /// pread into a buffer and write: two copies.
     Copy,
-    /// Large files straight from the page cache (falls back to copying where a file
-    /// system cannot).
+    /// Large files straight from the page cache (sendfile is a splice into the socket,
+    /// hence the alias); falls back to copying where a file system refuses it, and
+    /// --json says so in io_fallback.
+    #[value(alias = "splice")]
     Sendfile,
     /// Send from the block buffers with MSG_ZEROCOPY; pays only where the NIC can send
     /// from user pages (on loopback the kernel copies: --json counts it).

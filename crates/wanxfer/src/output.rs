@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use wanxfer_engine::progress::Progress;
+use wanxfer_engine::progress::{IoUse, Progress};
 use wanxfer_engine::session::{Report, Tuning};
 use wanxfer_engine::Error;
 
@@ -77,7 +77,19 @@ struct JsonReport<'a> {
     fabric_fabric: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     fabric_domain: Option<&'a str>,
+    /// How this side moved file bytes: its send mode, or how it wrote what it received.
     io: &'a str,
+    /// Why it did less than that mode asks for, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    io_fallback: Option<&'a str>,
+    /// Receiving into files: bytes written with O_DIRECT.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    direct_bytes: Option<u64>,
+    peer_io: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peer_io_fallback: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peer_direct_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     zerocopy_sends: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -85,6 +97,12 @@ struct JsonReport<'a> {
     block_checksum: bool,
     file_digest: bool,
     skipped: &'a [String],
+}
+
+/// Whether a side's I/O was writing received files (so its direct byte count means
+/// something).
+fn wrote_files(io: &IoUse) -> bool {
+    matches!(io.mode.as_str(), "direct" | "buffered")
 }
 
 fn seconds(us: u64) -> f64 {
@@ -114,9 +132,14 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool) {
             fabric_provider: report.fabric.as_ref().map(|f| f.provider.as_str()),
             fabric_fabric: report.fabric.as_ref().map(|f| f.fabric.as_str()),
             fabric_domain: report.fabric.as_ref().map(|f| f.domain.as_str()),
-            io: report.io,
-            zerocopy_sends: (report.io == "zerocopy").then_some(report.zerocopy_sends),
-            zerocopy_copied: (report.io == "zerocopy").then_some(report.zerocopy_copied),
+            io: &report.io.mode,
+            io_fallback: report.io.fallback.as_deref(),
+            direct_bytes: wrote_files(&report.io).then_some(report.io.direct_bytes),
+            peer_io: &report.peer_io.mode,
+            peer_io_fallback: report.peer_io.fallback.as_deref(),
+            peer_direct_bytes: wrote_files(&report.peer_io).then_some(report.peer_io.direct_bytes),
+            zerocopy_sends: (report.io.mode == "zerocopy").then_some(report.zerocopy_sends),
+            zerocopy_copied: (report.io.mode == "zerocopy").then_some(report.zerocopy_copied),
             block_checksum: tuning.block_crc,
             file_digest: tuning.file_digest,
             skipped: &report.skipped,
@@ -129,6 +152,12 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool) {
     }
     for s in &report.skipped {
         eprintln!("wanxfer: skipped {s}: not a file, directory or symlink");
+    }
+    if let Some(why) = &report.io.fallback {
+        eprintln!("wanxfer: note: {why}");
+    }
+    if let Some(why) = &report.peer_io.fallback {
+        eprintln!("wanxfer: note: the server says: {why}");
     }
     let verified = if tuning.file_digest {
         "verified"

@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
@@ -32,35 +32,48 @@ fn every_io_mode_and_stream_count_moves_the_same_bytes() {
     let site = Site::new();
     let src = site.path("src/tree");
     odd_tree(&src);
-    for (i, flags) in [
-        &["--io", "copy", "--streams", "1"][..],
-        &[
-            "--io",
+    for (i, (flags, io)) in [
+        (&["--io", "copy", "--streams", "1"][..], "copy"),
+        (
+            &[
+                "--io",
+                "sendfile",
+                "--streams",
+                "4",
+                "--block-size",
+                "64KiB",
+            ][..],
             "sendfile",
-            "--streams",
-            "4",
-            "--block-size",
-            "64KiB",
-        ][..],
-        &["--no-block-checksum", "--depth", "1"][..],
-        &[
-            "--io",
+        ),
+        (&["--no-block-checksum", "--depth", "1"][..], "sendfile"),
+        (
+            &[
+                "--io",
+                "zerocopy",
+                "--streams",
+                "2",
+                "--block-size",
+                "64KiB",
+            ][..],
             "zerocopy",
-            "--streams",
-            "2",
-            "--block-size",
-            "64KiB",
-        ][..],
+        ),
+        (
+            &["--io", "splice", "--block-size", "1MiB", "--streams", "1"][..],
+            "sendfile",
+        ),
+        (&["--io", "auto", "--block-size", "64KiB"][..], "sendfile"),
     ]
-    .iter()
+    .into_iter()
     .enumerate()
     {
         let dest = format!("copy-{i}");
-        let mut args: Vec<&OsStr> = flags.iter().map(OsStr::new).collect();
+        let mut args: Vec<&OsStr> = ["--json"].iter().chain(flags).map(OsStr::new).collect();
         let url = site.server.url(&dest);
         args.extend([src.as_os_str(), &url]);
-        cp(args).assert_ok();
+        let json = cp(args).assert_ok().json();
         assert_same_tree(&src, &site.root().join(&dest), true);
+        assert_eq!(json["io"], io, "{json}");
+        assert!(json.get("io_fallback").is_none(), "{json}");
     }
 }
 
@@ -75,19 +88,105 @@ fn direct_and_buffered_writes_land_the_same_bytes_both_ways() {
         odd_tree(&src);
         write_pattern(&src.join("multi-block"), (5 << 20) + 1234, 7);
         write_pattern(&src.join("aligned"), 3 << 20, 8);
-        let flags = ["--block-size", "1MiB", "--streams", "2", "--write", mode];
+        let flags = [
+            "--json",
+            "--block-size",
+            "1MiB",
+            "--streams",
+            "2",
+            "--write",
+            mode,
+        ];
+        let aligned_bytes = direct_writable_bytes(&src, 1 << 20);
         let mut push: Vec<&OsStr> = flags.iter().map(OsStr::new).collect();
         let url = site.server.url("copy");
         push.extend([src.as_os_str(), &url]);
-        cp(push).assert_ok();
+        let json = cp(push).assert_ok().json();
         assert_same_tree(&src, &site.root().join("copy"), true);
+        assert_eq!(json["io"], "sendfile", "{json}");
+        assert_writes_reported(&json, "peer_", mode, aligned_bytes);
 
         let back = site.path("back");
         let mut pull: Vec<&OsStr> = flags.iter().map(OsStr::new).collect();
         pull.extend([url.as_os_str(), back.as_os_str()]);
-        cp(pull).assert_ok();
+        let json = cp(pull).assert_ok().json();
         assert_same_tree(&src, &back, true);
+        assert_eq!(json["peer_io"], "sendfile", "{json}");
+        assert_writes_reported(&json, "", mode, aligned_bytes);
         assert!(temp_files(site.root()).is_empty() && temp_files(&back).is_empty());
+    }
+}
+
+/// A destination file system that refuses O_DIRECT (ramfs) gets the files through the
+/// page cache, intact, and the server says so in the client's report: in `--json` and as
+/// a note on the terminal.
+#[test]
+fn a_refused_direct_write_falls_back_and_the_server_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(ramfs) = Mount::new(dir.path().join("root"), "ramfs", "mode=755") else {
+        return;
+    };
+    let server = Server::start(&ramfs.path, &["--write", "direct"]);
+    let src = dir.path().join("src");
+    fs::create_dir(&src).unwrap();
+    write_pattern(&src.join("multi-block"), (3 << 20) + 5, 1);
+    let args = |extra: &[&str], dest: &str| -> Vec<OsString> {
+        let mut args: Vec<OsString> = ["--block-size", "1MiB"]
+            .iter()
+            .chain(extra)
+            .map(OsString::from)
+            .collect();
+        args.extend([src.clone().into_os_string(), server.url(dest)]);
+        args
+    };
+    let json = cp(args(&["--json"], "a")).assert_ok().json();
+    assert_eq!(json["peer_io"], "direct", "{json}");
+    assert_eq!(json["peer_direct_bytes"], 0, "{json}");
+    let why = json["peer_io_fallback"].as_str().unwrap_or_default();
+    assert!(
+        why.starts_with("O_DIRECT: the destination's file system"),
+        "{json}"
+    );
+    assert_same_tree(&src, &ramfs.path.join("a"), true);
+
+    cp(args(&[], "b"))
+        .assert_ok()
+        .assert_stderr_mentions("the server says: O_DIRECT");
+    assert_same_tree(&src, &ramfs.path.join("b"), true);
+    assert!(temp_files(&ramfs.path).is_empty());
+}
+
+/// The bytes of `tree` a receiver can write with O_DIRECT at `block` size: the 4 KiB
+/// multiples of each file that spans more than one block (single-block files go
+/// through the page cache by design).
+fn direct_writable_bytes(tree: &Path, block: u64) -> u64 {
+    let mut total = 0;
+    for entry in fs::read_dir(tree).unwrap() {
+        let entry = entry.unwrap();
+        let meta = fs::symlink_metadata(entry.path()).unwrap();
+        if meta.is_dir() {
+            total += direct_writable_bytes(&entry.path(), block);
+        } else if meta.is_file() && meta.len() > block {
+            total += meta.len() / 4096 * 4096;
+        }
+    }
+    total
+}
+
+/// The receiving side (`prefix` "" for this one, "peer_" for the server) reports the
+/// write mode it used and the bytes that bypassed the page cache: all of the aligned ones
+/// when direct, unless its file system refused O_DIRECT, which it must then say.
+fn assert_writes_reported(json: &serde_json::Value, prefix: &str, mode: &str, aligned: u64) {
+    let field = |name: &str| &json[format!("{prefix}{name}")];
+    assert_eq!(field("io"), mode, "{json}");
+    let direct = field("direct_bytes")
+        .as_u64()
+        .expect("direct_bytes reported");
+    match (mode, field("io_fallback").as_str()) {
+        ("buffered", None) => assert_eq!(direct, 0, "{json}"),
+        ("direct", None) => assert_eq!(direct, aligned, "{json}"),
+        ("direct", Some(why)) => assert!(why.starts_with("O_DIRECT: "), "{json}"),
+        _ => panic!("unexpected report {json}"),
     }
 }
 
@@ -139,7 +238,9 @@ fn zerocopy_sends_are_counted_and_released() {
         OsStr::new("/dev/zero"),
         &site.server.url("dev/null"),
     ]);
-    assert_eq!(mem.assert_ok().json()["bytes"], 64u64 << 20);
+    let json = mem.assert_ok().json();
+    assert_eq!(json["bytes"], 64u64 << 20);
+    assert_eq!(json["peer_io"], "discard", "{json}");
 }
 
 #[test]

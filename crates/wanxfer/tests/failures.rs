@@ -11,7 +11,7 @@ mod common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
@@ -151,41 +151,10 @@ fn client_vanishing_mid_push_leaves_the_server_clean_and_serving() {
     );
 }
 
-/// A size-limited tmpfs, unmounted on drop. Needs root; `None` (and a note) otherwise.
-struct SmallDisk {
-    path: PathBuf,
-}
-
-impl SmallDisk {
-    fn mount(path: PathBuf, size: &str) -> Option<SmallDisk> {
-        if !is_root() {
-            eprintln!("skipped: mounting a small tmpfs needs root");
-            return None;
-        }
-        fs::create_dir_all(&path).unwrap();
-        let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&path)
-            .status()
-            .expect("run mount");
-        if !status.success() {
-            eprintln!("skipped: cannot mount a tmpfs here");
-            return None;
-        }
-        Some(SmallDisk { path })
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.path).status();
-    }
-}
-
 #[test]
 fn a_full_disk_on_the_server_is_reported_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(disk) = SmallDisk::mount(dir.path().join("root"), "8m") else {
+    let Some(disk) = Mount::new(dir.path().join("root"), "tmpfs", "size=8m") else {
         return;
     };
     fs::write(disk.path.join("keep.bin"), OLD).unwrap();
@@ -212,7 +181,7 @@ fn a_full_disk_on_a_pulling_client_is_a_local_error_and_loses_nothing() {
     fs::create_dir(&root).unwrap();
     write_pattern(&root.join("big.bin"), 20 << 20, 2);
     let server = Server::start(&root, &[]);
-    let Some(disk) = SmallDisk::mount(dir.path().join("dest"), "8m") else {
+    let Some(disk) = Mount::new(dir.path().join("dest"), "tmpfs", "size=8m") else {
         return;
     };
     fs::write(disk.path.join("big.bin"), OLD).unwrap();

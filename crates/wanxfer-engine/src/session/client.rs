@@ -15,7 +15,7 @@ use super::control::{read_message, send_preamble, spawn_reader, tune_socket, Con
 use super::driver::{run_receiver, run_sender, Core, Outcome};
 use super::{random, Params, Transport, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
 use crate::fs::{Kind, Root};
-use crate::progress::{process_cpu, CpuMeter, CpuTime, Progress};
+use crate::progress::{process_cpu, CpuMeter, CpuTime, IoUse, Progress};
 use crate::sink::{Placement, Sink, SinkLimits};
 use crate::source::IoMode;
 use crate::source::{Source, SYNTHETIC_NAME};
@@ -67,8 +67,10 @@ pub struct Report {
     pub transport: &'static str,
     /// Fabric sessions: what libfabric discovery chose on this side.
     pub fabric: Option<FabricNames>,
-    /// How this side sent file bytes (meaningful when it sent).
-    pub io: &'static str,
+    /// How this side moved file bytes (sent them, or wrote what it received), and how
+    /// the server did.
+    pub io: IoUse,
+    pub peer_io: IoUse,
     /// `--io zerocopy`: MSG_ZEROCOPY sends made, and how many the kernel copied anyway.
     pub zerocopy_sends: u64,
     pub zerocopy_copied: u64,
@@ -171,7 +173,8 @@ pub fn run_client(
         depth: params.depth,
         transport: cfg.tuning.transport.name(),
         fabric: fabric_names,
-        io: params.io.name(),
+        io: outcome.io,
+        peer_io: peer_io_use(&peer),
         zerocopy_sends: progress
             .zerocopy_sends
             .load(std::sync::atomic::Ordering::Relaxed),
@@ -186,6 +189,17 @@ pub fn run_client(
             count: report.failed_files,
             first: Box::new(first),
         }),
+    }
+}
+
+/// What the server's `Stats` say about its I/O. Its text is shown to the user as the
+/// server's own words, so anything that is not UTF-8 is replaced, not trusted.
+fn peer_io_use(stats: &Stats) -> IoUse {
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    IoUse {
+        mode: text(&stats.io_mode),
+        direct_bytes: stats.direct_bytes,
+        fallback: (!stats.io_fallback.is_empty()).then(|| text(&stats.io_fallback)),
     }
 }
 

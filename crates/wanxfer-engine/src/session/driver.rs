@@ -24,7 +24,7 @@ use wanxfer_proto::{
 use super::control::{Control, Incoming};
 use super::Params;
 use crate::pool::{recv_or_cancel, Block, Cancel, Pool};
-use crate::progress::{CpuMeter, Progress};
+use crate::progress::{CpuMeter, IoUse, Progress};
 use crate::sink::{Resolution, Sink};
 use crate::source::{
     run_reader, Plan, Planner, ReadFailure, ReaderConfig, ReaderShared, Source, Walker,
@@ -44,6 +44,8 @@ pub struct Outcome {
     pub files_ok: u64,
     pub failures: Vec<Error>,
     pub skipped: Vec<String>,
+    /// How this side moved file bytes.
+    pub io: IoUse,
 }
 
 impl Outcome {
@@ -307,7 +309,14 @@ pub fn run_sender(core: &mut Core, source: &Source) -> Result<Outcome, Error> {
         Ok(_) => core.join_workers(),
         Err(e) => core.abort(e),
     }
-    result
+    result.map(|outcome| Outcome {
+        io: IoUse {
+            mode: core.params.io.name().to_string(),
+            direct_bytes: 0,
+            fallback: core.progress.io_fallback.get().cloned(),
+        },
+        ..outcome
+    })
 }
 
 struct SenderState {
@@ -543,7 +552,10 @@ pub fn run_receiver(core: &mut Core, sink: Arc<Sink>) -> Result<Outcome, Error> 
     for pending in sink.pending() {
         sink.abandon(pending);
     }
-    result
+    result.map(|outcome| Outcome {
+        io: sink.io_use(),
+        ..outcome
+    })
 }
 
 struct ReceiverState {

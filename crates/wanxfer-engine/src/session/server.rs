@@ -384,6 +384,9 @@ impl Connection {
                 cpu_sys_us: cpu.sys_us,
                 bytes: progress.bytes.load(Ordering::Relaxed),
                 files: outcome.files_ok,
+                io_mode: outcome.io.mode.clone().into_bytes(),
+                direct_bytes: outcome.io.direct_bytes,
+                io_fallback: outcome.io.fallback.clone().unwrap_or_default().into_bytes(),
             };
             let secs = started.elapsed().as_secs_f64().max(1e-9);
             tracing::info!(

@@ -44,6 +44,10 @@ pub trait BlockTx: Send {
     fn zerocopy_counts(&self) -> (u64, u64) {
         (0, 0)
     }
+    /// Why the channel sent some blocks differently from what `--io` asked, if it did.
+    fn io_fallback(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// How often a channel holding zero-copy blocks looks for their release while no new
@@ -88,6 +92,10 @@ pub fn pump_out(
     progress
         .zerocopy_copied
         .fetch_add(copied, Ordering::Relaxed);
+    if let Some(why) = tx.io_fallback() {
+        // The first channel's reason stands for all: they read the same files.
+        let _ = progress.io_fallback.set(why.to_string());
+    }
     finished
 }
 

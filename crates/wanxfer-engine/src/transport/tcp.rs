@@ -14,7 +14,7 @@ use wanxfer_proto::{BlockHeader, Segment};
 
 use super::zerocopy::{self, InFlight};
 use super::{check_header, BlockRx, BlockTx};
-use crate::pool::{Block, Cancel, Pool};
+use crate::pool::{Block, Cancel, FileRange, Pool};
 use crate::Error;
 
 /// A TCP stream carrying blocks.
@@ -28,6 +28,8 @@ pub struct TcpChannel {
     table: Vec<u8>,
     /// `--io zerocopy`: blocks sent with `MSG_ZEROCOPY`, kept until the kernel releases them.
     zerocopy: Option<InFlight<Block>>,
+    /// The first time this channel could not send the way `--io` asked, and why.
+    io_fallback: Option<String>,
 }
 
 impl TcpChannel {
@@ -39,6 +41,14 @@ impl TcpChannel {
             session_tag,
             table: Vec::new(),
             zerocopy: None,
+            io_fallback: None,
+        }
+    }
+
+    /// Keeps the first reason this channel sent differently from what `--io` asked.
+    fn note_fallback(&mut self, why: Option<String>) {
+        if self.io_fallback.is_none() {
+            self.io_fallback = why;
         }
     }
 
@@ -135,9 +145,8 @@ impl BlockTx for TcpChannel {
                 let mut slices = [IoSlice::new(&block.header), IoSlice::new(block.payload())];
                 write_all_vectored(&mut self.stream, &mut slices)
             }
-            Some((file, offset)) => {
-                send_from_file(&self.stream, &block.header, file, *offset, block.len)
-            }
+            Some(range) => send_from_file(&self.stream, &block.header, range, block.payload())
+                .map(|refused| self.note_fallback(refused)),
         };
         sent.map_err(|e| self.net("sending to", e))
     }
@@ -171,6 +180,10 @@ impl BlockTx for TcpChannel {
         self.zerocopy
             .as_ref()
             .map_or((0, 0), |f| (f.sends, f.copied))
+    }
+
+    fn io_fallback(&self) -> Option<&str> {
+        self.io_fallback.as_deref()
     }
 }
 
@@ -234,15 +247,17 @@ impl BlockRx for TcpChannel {
 /// (`cargo run --release -p wanxfer-engine --example checksum_cost -- 64`).
 const CHECK_PIECE_BYTES: usize = 256 << 10;
 
-/// Sends `header` then `len` bytes of `file` at `offset` straight from the page cache.
-/// `MSG_MORE` keeps the small header from going out as a packet of its own.
+/// Sends `header` then the payload straight from the page cache. Where the source's file
+/// system refuses `sendfile`, the rest goes by plain writes — from `payload` when the
+/// reader already read the bytes into the buffer, else read again — and the refusal comes
+/// back, so that `--json` can say the block was copied. `MSG_MORE` keeps the small header
+/// from going out as a packet of its own.
 fn send_from_file(
     stream: &TcpStream,
     header: &[u8],
-    file: &std::fs::File,
-    offset: u64,
-    len: usize,
-) -> io::Result<()> {
+    range: &FileRange,
+    payload: &[u8],
+) -> io::Result<Option<String>> {
     let mut sent = 0;
     while sent < header.len() {
         match rustix::net::send(stream, &header[sent..], rustix::net::SendFlags::MORE) {
@@ -251,11 +266,11 @@ fn send_from_file(
             Err(e) => return Err(e.into()),
         }
     }
-    let mut pos = offset;
-    let end = offset + len as u64;
+    let mut pos = range.offset;
+    let end = range.offset + payload.len() as u64;
     while pos < end {
         let count = (end - pos) as usize;
-        match rustix::fs::sendfile(stream, file, Some(&mut pos), count) {
+        match rustix::fs::sendfile(stream, &*range.file, Some(&mut pos), count) {
             Ok(0) => {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -264,16 +279,26 @@ fn send_from_file(
             }
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => {}
-            // A file system without sendfile support: copy the rest instead.
             Err(
-                rustix::io::Errno::INVAL | rustix::io::Errno::NOSYS | rustix::io::Errno::OPNOTSUPP,
+                e @ (rustix::io::Errno::INVAL
+                | rustix::io::Errno::NOSYS
+                | rustix::io::Errno::OPNOTSUPP),
             ) => {
-                return copy_range(stream, file, pos, end);
+                let done = (pos - range.offset) as usize;
+                if range.in_buffer {
+                    (&*stream).write_all(&payload[done..])?;
+                } else {
+                    copy_range(stream, &range.file, pos, end)?;
+                }
+                return Ok(Some(format!(
+                    "sendfile: the source's file system refused it ({}), so file blocks were copied",
+                    io::Error::from(e)
+                )));
             }
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 fn copy_range(
@@ -303,4 +328,71 @@ fn write_all_vectored(stream: &mut TcpStream, mut slices: &mut [IoSlice<'_>]) ->
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::net::TcpListener;
+    use std::sync::Arc;
+
+    /// Sends one block's header and payload from `file` over loopback; what arrived and
+    /// the refusal, if any.
+    fn send_over_loopback(
+        file: std::fs::File,
+        payload: &[u8],
+        in_buffer: bool,
+    ) -> (io::Result<Option<String>>, Vec<u8>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let sender = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut receiver, _) = listener.accept().unwrap();
+        let range = FileRange {
+            file: Arc::new(file),
+            offset: 0,
+            in_buffer,
+        };
+        let result = send_from_file(&sender, b"HDR", &range, payload);
+        drop(sender);
+        let mut got = Vec::new();
+        receiver.read_to_end(&mut got).unwrap();
+        (result, got)
+    }
+
+    fn expected(payload: &[u8]) -> Vec<u8> {
+        [b"HDR".as_slice(), payload].concat()
+    }
+
+    #[test]
+    fn a_regular_file_goes_by_sendfile_without_a_fallback() {
+        let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&payload).unwrap();
+        let (result, got) = send_over_loopback(file, &payload, false);
+        assert_eq!(result.unwrap(), None);
+        assert_eq!(got, expected(&payload));
+    }
+
+    /// A directory is a real descriptor the kernel refuses to `sendfile` from (EINVAL), as
+    /// a file system without splice support would: the payload the reader already holds
+    /// goes by plain writes and the refusal is reported.
+    #[test]
+    fn a_refused_sendfile_sends_the_buffer_and_says_so() {
+        let dir = std::fs::File::open(std::env::temp_dir()).unwrap();
+        let payload = vec![7u8; 100_000];
+        let (result, got) = send_over_loopback(dir, &payload, true);
+        let why = result.unwrap().expect("the refusal is reported");
+        assert!(why.starts_with("sendfile: "), "{why}");
+        assert_eq!(got, expected(&payload));
+    }
+
+    /// Without the bytes in the buffer the fallback reads the file again; a descriptor
+    /// that cannot be read fails the send instead of sending whatever the buffer held.
+    #[test]
+    fn a_refused_sendfile_without_the_bytes_reads_them_or_fails() {
+        let dir = std::fs::File::open(std::env::temp_dir()).unwrap();
+        let (result, got) = send_over_loopback(dir, &[0u8; 4096], false);
+        assert!(result.is_err());
+        assert_eq!(got, b"HDR");
+    }
 }

@@ -12,6 +12,16 @@
 //! how `auto` was decided: on the machines this project is measured on every send was
 //! copied, so `auto` keeps `sendfile` for file chunks and plain sends for pool buffers.
 //!
+//! There is a second reason, for long paths. TCP may have to retransmit from the pinned
+//! pages, so the kernel releases them only once the peer has acknowledged the data: a
+//! round trip after the send. A channel holds at most [`MAX_HELD_BLOCKS`] blocks, so on a
+//! path with a 100 ms round trip and 4 MiB blocks it could not send faster than
+//! 16 MiB per 100 ms, about 1.3 Gbit/s, where a plain send leaves the bandwidth-delay
+//! product to the socket buffer. Holding more would need a pool as large as that product
+//! per stream. So `zerocopy` is for short, fast paths with a capable NIC, chosen on
+//! purpose; on this project's test machines it could only be measured on loopback, where
+//! the kernel copies and releases at once.
+//!
 //! This module does not decide which blocks go this way; the TCP channel does.
 
 use std::collections::VecDeque;

@@ -517,3 +517,35 @@ pub fn pattern_bytes(len: usize, seed: usize) -> Vec<u8> {
         .map(|i| (i.wrapping_mul(31) ^ seed.wrapping_mul(131)) as u8)
         .collect()
 }
+
+/// A file system mounted for one test (a small tmpfs to fill, a ramfs that refuses
+/// O_DIRECT), unmounted on drop. Needs root; `None` (and a note) otherwise.
+pub struct Mount {
+    pub path: PathBuf,
+}
+
+impl Mount {
+    pub fn new(path: PathBuf, fstype: &str, options: &str) -> Option<Mount> {
+        if !is_root() {
+            eprintln!("skipped: mounting a {fstype} needs root");
+            return None;
+        }
+        fs::create_dir_all(&path).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", fstype, "-o", options, fstype])
+            .arg(&path)
+            .status()
+            .expect("run mount");
+        if !status.success() {
+            eprintln!("skipped: cannot mount a {fstype} here");
+            return None;
+        }
+        Some(Mount { path })
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).status();
+    }
+}
