@@ -90,12 +90,11 @@ impl TcpChannel {
             }
         }
         flight.hold(block);
+        // No cap of our own on blocks held: the pool is the bound, as the receiver's
+        // grants are for fabric. A cap would limit a long path to cap × block per round
+        // trip, since the kernel releases a block only once the peer acknowledged it.
         zerocopy::reap(socket, flight, std::time::Duration::ZERO)?;
-        drop(zerocopy::wait_until_held_at_most(
-            socket,
-            flight,
-            zerocopy::MAX_HELD_BLOCKS,
-        )?);
+        drop(flight.take_released().collect::<Vec<_>>());
         Ok(())
     }
 
