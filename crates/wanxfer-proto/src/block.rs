@@ -90,7 +90,7 @@ impl BlockHeader {
     pub const FLAG_PAYLOAD_CRC: u8 = 1;
 
     /// Bytes of the header plus its segment table.
-    pub fn encoded_len(segment_count: usize) -> usize {
+    pub const fn encoded_len(segment_count: usize) -> usize {
         Self::LEN + segment_count * Segment::LEN
     }
 

@@ -66,6 +66,43 @@ fn trees_go_both_ways_over_fabric() {
     assert!(temp_files(site.root()).is_empty() && temp_files(&back).is_empty());
 }
 
+/// Blocks land in RDMA slots and are written from there; a chunk of a large file lands
+/// page-aligned, so `--write direct` bypasses the page cache for all of its aligned bytes,
+/// on the server (push) and on the client (pull), and the files are intact.
+#[test]
+fn chunks_of_large_files_land_aligned_for_direct_writes() {
+    if !fabric_available() {
+        return;
+    }
+    let mut flags = FABRIC.to_vec();
+    flags.extend(["--write", "direct"]);
+    let site = Site::with_serve_flags(&flags);
+    let src = site.path("src/tree");
+    odd_tree(&src);
+    write_pattern(&src.join("multi-block"), (3 << 20) + 10_000, 5);
+    let aligned = direct_writable_bytes(&src, 1 << 20);
+    let opts = ["--json", "--write", "direct", "--block-size", "1MiB"];
+    let url = site.server.url("copy");
+    let push: Vec<&OsStr> = opts
+        .iter()
+        .map(OsStr::new)
+        .chain([src.as_os_str(), &url])
+        .collect();
+    let json = fabric_cp(push).assert_ok().json();
+    assert_same_tree(&src, &site.root().join("copy"), true);
+    assert_writes_reported(&json, "peer_", "direct", aligned);
+
+    let back = site.path("back");
+    let pull: Vec<&OsStr> = opts
+        .iter()
+        .map(OsStr::new)
+        .chain([url.as_os_str(), back.as_os_str()])
+        .collect();
+    let json = fabric_cp(pull).assert_ok().json();
+    assert_same_tree(&src, &back, true);
+    assert_writes_reported(&json, "", "direct", aligned);
+}
+
 #[test]
 fn thousands_of_tiny_packed_files_keep_credits_and_control_in_step() {
     if !fabric_available() {

@@ -19,7 +19,9 @@
 //!
 //! Neither end copies a block: the sender writes from its pool buffers (registered once,
 //! cached), and the receiver's slots are pool buffers too, handed to the writers where
-//! the block landed and granted again when the writers let go of them.
+//! the block landed and granted again when the writers let go of them. That is also why a
+//! chunk of a large file is written page-aligned into its slot ([`payload_offset`]): the
+//! writer can only bypass the page cache from aligned memory.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
@@ -31,9 +33,12 @@ use wanxfer_fabric::{
     Access, AlignedBuf, Channel, ChannelConfig, Credit, Event, FabricConfig, Listener,
 };
 use wanxfer_proto::handshake::Authenticated;
-use wanxfer_proto::{decode_frame, encode_frame, BlockHeader, ChannelJoin, Message, MAX_SEGMENTS};
+use wanxfer_proto::{
+    decode_frame, encode_frame, BlockHeader, ChannelJoin, Message, Segment, MAX_SEGMENTS,
+};
 
 use super::check_header;
+use crate::fs::DIRECT_ALIGN;
 use crate::pool::{Block, Cancel, Pool, SlotArena, CANCEL_POLL};
 use crate::progress::Progress;
 use crate::Error;
@@ -61,15 +66,17 @@ pub struct FabricNames {
 pub struct SlotPlan {
     /// Slots (credits) per channel.
     pub slots: u32,
-    /// Bytes per slot: the largest header and segment table plus one block.
+    /// Bytes per slot: room for the largest header and segment table, padded to a page,
+    /// plus one block, rounded up to a page so that every slot starts on one.
     pub slot_len: usize,
 }
 
 impl SlotPlan {
     pub fn new(block_size: u32, depth: u16) -> SlotPlan {
+        let slot_len = HEADER_ROOM + block_size as usize;
         SlotPlan {
             slots: u32::from(depth) + 1,
-            slot_len: BlockHeader::encoded_len(MAX_SEGMENTS as usize) + block_size as usize,
+            slot_len: slot_len.next_multiple_of(DIRECT_ALIGN),
         }
     }
 
@@ -79,6 +86,24 @@ impl SlotPlan {
             max_writes: self.slots as usize,
             ..ChannelConfig::default()
         }
+    }
+}
+
+/// Room for the largest header and segment table, padded as [`payload_offset`] pads.
+const HEADER_ROOM: usize =
+    BlockHeader::encoded_len(MAX_SEGMENTS as usize).next_multiple_of(DIRECT_ALIGN);
+
+/// Where a block's payload starts in the bytes written to a slot, given where its
+/// segment table ends. A block lands in the slot as written, with no copy, and the writer
+/// hands that memory to `O_DIRECT` writes only if it is page-aligned; so the payload of a
+/// chunk of a multi-block file (one segment that is not a whole file: the only kind
+/// written direct) starts on the next page boundary, and the gap is zeros on the wire,
+/// less than a page per block. Blocks of whole files go unpadded. Both sides derive the
+/// offset from the header, so the receiver accepts exactly this layout and nothing looser.
+fn payload_offset(table_end: usize, segments: &[Segment]) -> usize {
+    match segments {
+        [only] if !(only.offset == 0 && only.is_last()) => table_end.next_multiple_of(DIRECT_ALIGN),
+        _ => table_end,
     }
 }
 
@@ -279,7 +304,7 @@ impl<'p> FabricSender<'p> {
     fn new(mut channel: Channel, plan: SlotPlan, peer: &'p str) -> Result<Self, Error> {
         // Headers are staged in registered memory of our own (a pool buffer's header
         // vector may be reallocated); payloads are written straight from pool buffers.
-        let header_len = BlockHeader::encoded_len(MAX_SEGMENTS as usize);
+        let header_len = HEADER_ROOM;
         let count = plan.slots as usize;
         let mut headers = AlignedBuf::new(header_len * count);
         // SAFETY: `headers` lives in this struct, dropped after `channel` (field order).
@@ -351,8 +376,11 @@ impl<'p> FabricSender<'p> {
             .expect("can_write checked a credit");
         let header_slot = self.free_headers.pop().expect("can_write checked a header");
         let start = header_slot * self.header_len;
-        let end = start + block.header.len();
-        self.headers.as_mut_slice()[start..end].copy_from_slice(&block.header);
+        let table_end = block.header.len();
+        let end = start + payload_offset(table_end, &block.segments);
+        let staged = &mut self.headers.as_mut_slice()[start..end];
+        staged[..table_end].copy_from_slice(&block.header);
+        staged[table_end..].fill(0);
         let storage = block.storage();
         // SAFETY: pool buffers are boxed slices that stay put for the pool's life; the
         // provider reads one only while a write we posted from it is in flight, and we
@@ -512,19 +540,106 @@ fn take_block_in_place(
     let header = BlockHeader::decode_fixed(&fixed).map_err(|e| Error::decode(peer, e))?;
     check_header(&header, limits.session_tag, limits.max_payload, peer)?;
     let table_end = BlockHeader::encoded_len(header.segment_count as usize);
+    let table = bytes
+        .get(BlockHeader::LEN..table_end)
+        .ok_or_else(|| Error::protocol(peer, "block shorter than its segment table"))?;
+    header
+        .decode_segments(&fixed, table, &mut segments)
+        .map_err(|e| Error::decode(peer, e))?;
     let payload_len = header.payload_len as usize;
-    if len != table_end + payload_len {
+    let payload_start = payload_offset(table_end, &segments);
+    if len != payload_start + payload_len {
         return Err(Error::protocol(
             peer,
-            format!("block of {len} bytes does not match its header ({table_end} + {payload_len})"),
+            format!(
+                "block of {len} bytes does not match its header ({payload_start} + {payload_len})"
+            ),
         ));
     }
-    header
-        .decode_segments(&fixed, &bytes[BlockHeader::LEN..table_end], &mut segments)
-        .map_err(|e| Error::decode(peer, e))?;
     block.segments = segments;
-    block.start = table_end;
+    block.start = payload_start;
     block.len = payload_len;
     block.damaged = header.check_payload(block.payload()).is_err();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TAG: u64 = 42;
+
+    fn limits() -> RecvLimits {
+        RecvLimits {
+            plan: SlotPlan::new(1 << 20, 1),
+            session_tag: TAG,
+            max_payload: 1 << 20,
+        }
+    }
+
+    /// Writes a block of `payload` for `seg` into a fresh slot-sized buffer with its payload
+    /// at `payload_at`; the buffer and the byte count a write would announce.
+    fn landed(seg: Segment, payload: &[u8], payload_at: Option<usize>) -> (Block, usize) {
+        let header = BlockHeader {
+            flags: BlockHeader::FLAG_PAYLOAD_CRC,
+            segment_count: 1,
+            payload_len: payload.len() as u32,
+            payload_crc: crc32c::crc32c(payload),
+            session_tag: TAG,
+            sequence: 0,
+        };
+        let mut encoded = Vec::new();
+        header.encode(&[seg], &mut encoded);
+        let at = payload_at.unwrap_or_else(|| payload_offset(encoded.len(), &[seg]));
+        let pool = Pool::new(1, limits().plan.slot_len);
+        let mut block = pool.take(&Cancel::default()).unwrap();
+        let space = block.space();
+        space[..encoded.len()].copy_from_slice(&encoded);
+        space[at..at + payload.len()].copy_from_slice(payload);
+        (block, at + payload.len())
+    }
+
+    fn chunk(offset: u64, len: usize) -> Segment {
+        Segment {
+            file_id: 1,
+            offset,
+            len: len as u32,
+            flags: 0,
+            digest: [0; 16],
+        }
+    }
+
+    /// A chunk of a large file lands page-aligned in its slot, intact.
+    #[test]
+    fn a_chunk_of_a_large_file_lands_page_aligned() {
+        let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 249) as u8).collect();
+        let (mut block, len) = landed(chunk(1 << 20, payload.len()), &payload, None);
+        take_block_in_place(&mut block, len, &limits(), "peer").unwrap();
+        assert_eq!(block.start % DIRECT_ALIGN, 0);
+        assert_eq!(block.payload(), &payload[..]);
+        assert!(!block.damaged);
+    }
+
+    /// A whole file in one block goes unpadded: it is never written direct.
+    #[test]
+    fn a_whole_file_block_is_not_padded() {
+        let mut seg = chunk(0, 5000);
+        seg.flags = Segment::FLAG_LAST;
+        let payload = vec![3u8; 5000];
+        let (mut block, len) = landed(seg, &payload, None);
+        take_block_in_place(&mut block, len, &limits(), "peer").unwrap();
+        assert_eq!(block.start, BlockHeader::encoded_len(1));
+        assert_eq!(block.payload(), &payload[..]);
+    }
+
+    /// The layout is exact: a chunk written without its padding is refused, not read
+    /// from the wrong place.
+    #[test]
+    fn a_chunk_without_its_padding_is_refused() {
+        let payload = vec![9u8; 8192];
+        let unpadded = Some(BlockHeader::encoded_len(1));
+        let (mut block, len) = landed(chunk(1 << 20, payload.len()), &payload, unpadded);
+        let e = take_block_in_place(&mut block, len, &limits(), "peer").unwrap_err();
+        assert!(e.to_string().contains("does not match its header"), "{e}");
+    }
 }

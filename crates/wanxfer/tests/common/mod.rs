@@ -549,3 +549,41 @@ impl Drop for Mount {
         let _ = Command::new("umount").arg(&self.path).status();
     }
 }
+
+/// The bytes of `tree` a receiver can write with O_DIRECT at `block` size: the 4 KiB
+/// multiples of each file that spans more than one block (single-block files go
+/// through the page cache by design).
+pub fn direct_writable_bytes(tree: &Path, block: u64) -> u64 {
+    let mut total = 0;
+    for entry in fs::read_dir(tree).unwrap() {
+        let entry = entry.unwrap();
+        let meta = fs::symlink_metadata(entry.path()).unwrap();
+        if meta.is_dir() {
+            total += direct_writable_bytes(&entry.path(), block);
+        } else if meta.is_file() && meta.len() > block {
+            total += meta.len() / 4096 * 4096;
+        }
+    }
+    total
+}
+
+/// The receiving side (`prefix` "" for this one, "peer_" for the server) reports the
+/// write mode it used and the bytes that bypassed the page cache: all of the aligned ones
+/// when direct, unless its file system refused O_DIRECT, which it must then say (any
+/// other fallback, such as blocks that were not aligned, fails).
+pub fn assert_writes_reported(json: &serde_json::Value, prefix: &str, mode: &str, aligned: u64) {
+    let field = |name: &str| &json[format!("{prefix}{name}")];
+    assert_eq!(field("io"), mode, "{json}");
+    let direct = field("direct_bytes")
+        .as_u64()
+        .expect("direct_bytes reported");
+    match (mode, field("io_fallback").as_str()) {
+        ("buffered", None) => assert_eq!(direct, 0, "{json}"),
+        ("direct", None) => assert_eq!(direct, aligned, "{json}"),
+        ("direct", Some(why)) => {
+            let refused = "O_DIRECT: the destination's file system refused it";
+            assert!(why.starts_with(refused) && direct == 0, "{json}");
+        }
+        _ => panic!("unexpected report {json}"),
+    }
+}
