@@ -4,7 +4,10 @@
 //! block" arrives but when its [`Coverage`] is complete and the sender's digest for it is
 //! known. Then the writer verifies (from the buffer when one segment held the whole file,
 //! otherwise by re-reading the temporary), applies mode and mtime, and renames it into
-//! place. Everything the peer says is checked against the manifest and local limits
+//! place. A file whose bytes do not match its digest fails alone, however many segments
+//! it came in: the cause (a source file that changed while it was read, a bad bit in one
+//! buffer) says nothing about the other files, so they still land and only that file is
+//! reported. Everything the peer says is checked against the manifest and local limits
 //! first: unknown ids, ranges past the announced size, overlapping data, or more files in
 //! progress than we allow end the session with a protocol or limit error, never a panic.
 //!
@@ -537,7 +540,10 @@ impl Sink {
                 ),
             ));
         }
-        let temp = self.prepare(seg, &slot, data)?;
+        if seg.is_last() && !self.take_digest(seg, &slot, data)? {
+            return self.fail_or_abort(seg.file_id, self.digest_mismatch(&slot));
+        }
+        let temp = self.prepare(seg, &slot)?;
         if let Some(temp) = &temp {
             match temp.write_at(data, seg.offset) {
                 Ok(direct) => self.count_direct(temp, data, direct),
@@ -551,35 +557,39 @@ impl Sink {
         self.record(seg, data, &slot, scratch)
     }
 
-    /// Checks the segment against the slot's state and opens the temporary on first use.
-    fn prepare(
-        &self,
-        seg: &Segment,
-        slot: &Slot,
-        data: &[u8],
-    ) -> Result<Option<Arc<TempFile>>, Error> {
+    /// Keeps the digest a file's last segment carries. `Ok(false)` when that segment is
+    /// the whole file and its bytes do not match: checked from the buffer before anything
+    /// is created, so the file fails without touching the disk.
+    fn take_digest(&self, seg: &Segment, slot: &Slot, data: &[u8]) -> Result<bool, Error> {
         let mut state = slot.state.lock().expect("no panics while held");
-        if seg.is_last() {
-            if state.digest.is_some_and(|d| d != seg.digest) {
-                return Err(Error::protocol(
-                    &self.peer,
-                    "two different digests for one file",
-                ));
-            }
-            state.digest = Some(seg.digest);
-            let whole = seg.offset == 0 && u64::from(seg.len) == slot.size;
-            if whole && self.verify_digest {
-                if xxh3_128(data).to_le_bytes() != seg.digest {
-                    drop(state);
-                    self.abandon(seg.file_id);
-                    return Err(self.digest_mismatch(slot));
-                }
-                state.verified = true;
-            }
+        if state.digest.is_some_and(|d| d != seg.digest) {
+            // Not damage in transit (the segment table is under the header checksum): a
+            // sender that contradicts itself cannot be trusted with the other files.
+            return Err(Error::protocol(
+                &self.peer,
+                format!(
+                    "{}: two different digests for one file",
+                    self.show(&slot.dest)
+                ),
+            ));
         }
+        state.digest = Some(seg.digest);
+        let whole = seg.offset == 0 && u64::from(seg.len) == slot.size;
+        if whole && self.verify_digest {
+            if xxh3_128(data).to_le_bytes() != seg.digest {
+                return Ok(false);
+            }
+            state.verified = true;
+        }
+        Ok(true)
+    }
+
+    /// Opens the file's temporary on first use.
+    fn prepare(&self, seg: &Segment, slot: &Slot) -> Result<Option<Arc<TempFile>>, Error> {
         let Some((root, _)) = &self.target else {
             return Ok(None);
         };
+        let mut state = slot.state.lock().expect("no panics while held");
         if state.temp.is_none() {
             if self.open_files.load(Ordering::Relaxed) >= self.limits.max_open_files {
                 return Err(Error::Limit(format!(
@@ -817,27 +827,43 @@ mod tests {
         digest: [u8; 16],
     ) -> Vec<Resolution> {
         let pool = crate::pool::Pool::new(2, chunk);
-        let cancel = crate::pool::Cancel::default();
         let mut out = Vec::new();
         let mut scratch = Vec::new();
         let chunks = data.len().div_ceil(chunk);
         for &i in order {
             let start = i * chunk;
             let len = chunk.min(data.len() - start);
-            let mut block = pool.take(&cancel).unwrap();
-            block.space()[..len].copy_from_slice(&data[start..start + len]);
-            block.len = len;
-            let last = i + 1 == chunks;
-            block.segments.push(Segment {
-                file_id: 0,
-                offset: start as u64,
-                len: len as u32,
-                flags: if last { Segment::FLAG_LAST } else { 0 },
-                digest: if last { digest } else { [0; 16] },
-            });
+            let last = (i + 1 == chunks).then_some(digest);
+            let block = one_segment_block(&pool, 0, start as u64, &data[start..start + len], last);
             sink.place_block(&block, &mut scratch, &mut out).unwrap();
         }
         out
+    }
+
+    /// A block holding `data` as one segment of file `id` at `offset`; with `digest`, the
+    /// file's last segment.
+    fn one_segment_block(
+        pool: &crate::pool::Pool,
+        id: u64,
+        offset: u64,
+        data: &[u8],
+        digest: Option<[u8; 16]>,
+    ) -> Block {
+        let mut block = pool.take(&crate::pool::Cancel::default()).unwrap();
+        block.space()[..data.len()].copy_from_slice(data);
+        block.len = data.len();
+        block.segments.push(Segment {
+            file_id: id,
+            offset,
+            len: data.len() as u32,
+            flags: if digest.is_some() {
+                Segment::FLAG_LAST
+            } else {
+                0
+            },
+            digest: digest.unwrap_or_default(),
+        });
+        block
     }
 
     fn sink_in(dir: &std::path::Path) -> Sink {
@@ -951,6 +977,51 @@ mod tests {
             0,
             "no final name, no temporary"
         );
+    }
+
+    /// A file that came whole in one segment fails on a wrong digest the way a file that
+    /// came in pieces does: alone, with nothing left on disk, while the next file lands.
+    #[test]
+    fn a_wrong_digest_on_a_whole_file_fails_only_that_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = sink_in(dir.path());
+        let (bad, good) = (vec![1u8; 3000], vec![2u8; 4000]);
+        sink.apply_entry(0, &entry("bad", 3000)).unwrap();
+        sink.apply_entry(1, &entry("good", 4000)).unwrap();
+        let pool = crate::pool::Pool::new(2, 8192);
+        let (mut out, mut scratch) = (Vec::new(), Vec::new());
+        for (id, data, digest) in [
+            (0, &bad, [0xee; 16]),
+            (1, &good, xxh3_128(&good).to_le_bytes()),
+            // Late data for the failed file is dropped, not refused.
+            (0, &bad, xxh3_128(&bad).to_le_bytes()),
+        ] {
+            let block = one_segment_block(&pool, id, 0, data, Some(digest));
+            sink.place_block(&block, &mut scratch, &mut out).unwrap();
+        }
+        assert!(
+            matches!(
+                out.as_slice(),
+                [
+                    Resolution::Failed {
+                        id: 0,
+                        error: Error::Integrity { .. }
+                    },
+                    Resolution::Done { id: 1, .. }
+                ]
+            ),
+            "{out:?}"
+        );
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            names,
+            ["good"],
+            "no final name, no temporary for the bad file"
+        );
+        assert_eq!(std::fs::read(dir.path().join("good")).unwrap(), good);
     }
 
     #[test]

@@ -6,17 +6,18 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{ErrorKind, Read, Write};
-use std::net::TcpStream;
+use std::net::{Shutdown, TcpStream};
 use std::time::Duration;
 
 use common::*;
 use wanxfer_proto::handshake::{Authenticated, ClientHandshake, Step};
 use wanxfer_proto::{
     encode_frame, features, BlockHeader, ChannelJoin, ConnectionKind, Direction, Entry, EntryKind,
-    FailureClass, FrameHeader, Manifest, ManifestEnd, Message, OpenSession, Preamble, RelPath,
-    Segment, SessionAccepted, TransportKind,
+    FailureClass, FileFailed, FrameHeader, Manifest, ManifestEnd, Message, OpenSession, Preamble,
+    RelPath, Segment, SessionAccepted, Stats, TransportKind,
 };
 
 /// One connection to the server, driven by hand.
@@ -278,6 +279,12 @@ fn session_ready_for_blocks(
 ) -> (RawPeer, RawPeer, SessionAccepted) {
     let (mut control, auth, accepted) = open_push_session(site);
     let data = join_channel(site, &auth, &accepted);
+    announce(&mut control, entries);
+    (control, data, accepted)
+}
+
+/// Sends the whole manifest, `entries`, and waits for its acknowledgement.
+fn announce(control: &mut RawPeer, entries: Vec<Entry>) {
     let count = entries.len() as u64;
     let bytes = entries.iter().map(|e| e.size).sum();
     control.send(&Message::Manifest(Manifest {
@@ -288,11 +295,20 @@ fn session_ready_for_blocks(
         entries: count,
         bytes,
     }));
-    match control.recv() {
-        Some(Message::ManifestAck { through }) if through == count => {}
-        other => panic!("expected ManifestAck, got {other:?}"),
+    await_manifest_ack(control, count);
+}
+
+/// Waits for the receiver to acknowledge the manifest through `count`, past the
+/// `FileAck`s of entries it resolved on arrival (directories, empty files).
+#[track_caller]
+fn await_manifest_ack(control: &mut RawPeer, count: u64) {
+    loop {
+        match control.recv() {
+            Some(Message::ManifestAck { through }) if through == count => return,
+            Some(Message::FileAck { .. }) => {}
+            other => panic!("expected ManifestAck, got {other:?}"),
+        }
     }
-    (control, data, accepted)
 }
 
 fn file_entry(path: &str, size: u64) -> Entry {
@@ -381,7 +397,7 @@ fn join_channel(site: &Site, auth: &Authenticated, accepted: &SessionAccepted) -
     }
 }
 
-/// A block carrying `payload` as one segment of file 0, with a correct payload CRC unless
+/// A block carrying `payload` as its one segment `seg`, with a correct payload CRC unless
 /// `corrupt_after_crc`, which flips a payload bit after the CRC was computed.
 fn block(
     accepted: &SessionAccepted,
@@ -448,30 +464,121 @@ fn xxh3_digest_placeholder() -> [u8; 16] {
     [0x5a; 16]
 }
 
+/// One session's files for the digest tests, under `wanted/` (which a pull of `wanted`
+/// accepts and a push into the root places as is): `whole` comes in one segment and
+/// `pieces` in two, both with a digest their bytes do not have; `after` is right.
+struct DigestTrial;
+
+impl DigestTrial {
+    const WHOLE: &'static [u8] = b"one segment, wrong digest";
+    const PIECES: &'static [u8] = b"two segments, wrong digest";
+    const AFTER: &'static [u8] = b"sent after both, and right";
+    /// The ids of `wanted/whole` and `wanted/pieces`.
+    const FAILING: [u64; 2] = [1, 2];
+    /// The id of `wanted/after`.
+    const LANDING: [u64; 1] = [3];
+
+    fn entries() -> Vec<Entry> {
+        vec![
+            Entry {
+                kind: EntryKind::Dir,
+                mode: 0o755,
+                ..file_entry("wanted", 0)
+            },
+            file_entry("wanted/whole", Self::WHOLE.len() as u64),
+            file_entry("wanted/pieces", Self::PIECES.len() as u64),
+            file_entry("wanted/after", Self::AFTER.len() as u64),
+        ]
+    }
+
+    /// Every block of the session, in the order an honest sender could send them.
+    fn blocks(accepted: &SessionAccepted) -> Vec<Vec<u8>> {
+        let wrong = xxh3_digest_placeholder();
+        let half = Self::PIECES.len() / 2;
+        let right = xxhash_rust::xxh3::xxh3_128(Self::AFTER).to_le_bytes();
+        [
+            (1, 0, Self::WHOLE, Some(wrong)),
+            (2, 0, &Self::PIECES[..half], None),
+            (2, half, &Self::PIECES[half..], Some(wrong)),
+            (3, 0, Self::AFTER, Some(right)),
+        ]
+        .into_iter()
+        .map(|(file_id, offset, payload, digest)| {
+            let seg = Segment {
+                file_id,
+                offset: offset as u64,
+                flags: if digest.is_some() {
+                    Segment::FLAG_LAST
+                } else {
+                    0
+                },
+                ..whole_file_segment(payload.len() as u32, digest.unwrap_or_default())
+            };
+            block(accepted, seg, payload, false)
+        })
+        .collect()
+    }
+
+    /// Sends every block on `data`, then ends the channel as an honest sender does.
+    fn send_blocks(data: &mut RawPeer, accepted: &SessionAccepted) {
+        for bytes in Self::blocks(accepted) {
+            data.send_raw(&bytes);
+        }
+        data.stream.shutdown(Shutdown::Write).unwrap();
+    }
+
+    /// Reads the receiver's verdict on every file (the directory's came with the manifest
+    /// acknowledgement) and checks that exactly the files with a wrong digest failed, as
+    /// integrity failures naming them.
+    #[track_caller]
+    fn expect_verdicts(control: &mut RawPeer) {
+        let (mut failed, mut landed) = (BTreeMap::<u64, FileFailed>::new(), Vec::new());
+        while failed.len() + landed.len() < Self::FAILING.len() + Self::LANDING.len() {
+            match control.recv() {
+                Some(Message::FileFailed(f)) => {
+                    failed.insert(f.id, f);
+                }
+                Some(Message::FileAck { ids }) => landed.extend(ids),
+                other => panic!("expected a verdict on a file, got {other:?}"),
+            }
+        }
+        landed.sort_unstable();
+        assert_eq!(landed, Self::LANDING);
+        assert_eq!(failed.keys().copied().collect::<Vec<_>>(), Self::FAILING);
+        for (f, name) in failed.values().zip(["whole", "pieces"]) {
+            assert_eq!(f.class, FailureClass::Integrity, "{f:?}");
+            let message = String::from_utf8_lossy(&f.message);
+            assert!(message.contains(name), "{message:?} names {name}");
+        }
+    }
+
+    /// Only `after` reached a final name, with its bytes; no temporary is left.
+    #[track_caller]
+    fn assert_landed(base: &std::path::Path) {
+        let wanted = base.join("wanted");
+        assert_eq!(fs::read(wanted.join("after")).unwrap(), Self::AFTER);
+        assert!(!wanted.join("whole").exists());
+        assert!(!wanted.join("pieces").exists());
+        assert_eq!(temp_files(base), Vec::<String>::new());
+    }
+}
+
+/// A wrong digest fails that file alone, whether the file came whole in one segment or
+/// in pieces: nothing under its name, no temporary, and the session goes on to land the
+/// next file and finish. (Whole-file segments used to end the session.)
 #[test]
 fn a_wrong_file_digest_keeps_the_file_from_its_final_name() {
     let mut site = Site::new();
-    let payload = b"good data!";
-    let (mut control, mut data, accepted) =
-        session_ready_for_blocks(&site, vec![file_entry("victim", payload.len() as u64)]);
-    data.send_raw(&block(
-        &accepted,
-        whole_file_segment(payload.len() as u32, xxh3_digest_placeholder()),
-        payload,
-        false,
-    ));
-    // A digest mismatch ends the session (the sender read a file that changed, or
-    // memory is bad: either way not something to retry blindly), naming the file.
+    let (mut control, mut data, accepted) = session_ready_for_blocks(&site, DigestTrial::entries());
+    DigestTrial::send_blocks(&mut data, &accepted);
+    DigestTrial::expect_verdicts(&mut control);
+    control.send(&Message::Finish);
     match control.recv() {
-        Some(Message::Error(e)) => {
-            assert_eq!(e.class, FailureClass::Integrity);
-            assert!(String::from_utf8_lossy(&e.message).contains("victim"));
-        }
-        Some(Message::FileFailed(f)) => assert_eq!(f.class, FailureClass::Integrity),
-        other => panic!("expected an integrity failure, got {other:?}"),
+        Some(Message::Stats(stats)) => assert_eq!(stats.files, 1, "{stats:?}"),
+        other => panic!("expected Stats, got {other:?}"),
     }
     drop((control, data));
-    assert!(!site.server.root.join("victim").exists());
+    DigestTrial::assert_landed(&site.server.root);
     site.assert_unharmed();
 }
 
@@ -526,15 +633,21 @@ fn a_block_larger_than_agreed_is_refused_before_it_is_read() {
 }
 
 /// A hand-driven server for one pull: it authenticates the client properly, accepts its
-/// session and data channels, then announces `entries` (as a frame forged by `forge`).
-fn rogue_server(entries: Vec<Entry>, forge: Option<(&'static [u8], &'static [u8])>) -> String {
+/// session and data channel, then hands both connections to `play`. Returns the address
+/// to pull from and the server's thread, which carries `play`'s panics.
+fn rogue_server(
+    play: impl FnOnce(RawPeer, RawPeer, SessionAccepted) + Send + 'static,
+) -> (String, std::thread::JoinHandle<()>) {
     use std::net::TcpListener;
     use wanxfer_proto::handshake::ServerHandshake;
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
+    let server = std::thread::spawn(move || {
         let accept = |kind: ConnectionKind| {
             let (mut stream, _) = listener.accept().unwrap();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(30)))
+                .unwrap();
             let mut preamble = [0u8; Preamble::LEN];
             stream.read_exact(&mut preamble).unwrap();
             assert_eq!(Preamble::decode(&preamble).unwrap().kind, kind);
@@ -555,21 +668,30 @@ fn rogue_server(entries: Vec<Entry>, forge: Option<(&'static [u8], &'static [u8]
         let Some(Message::OpenSession(open)) = control.recv() else {
             panic!("expected OpenSession");
         };
-        let session_id = [3u8; 16];
-        control.send(&Message::SessionAccepted(SessionAccepted {
-            session_id,
+        let accepted = SessionAccepted {
+            session_id: [3u8; 16],
             streams: 1,
             block_size: open.block_size,
             depth: open.depth,
             window: open.window,
             flags: open.flags,
-        }));
+        };
+        control.send(&Message::SessionAccepted(accepted.clone()));
         let mut data = accept(ConnectionKind::Data);
         let Some(Message::ChannelJoin(join)) = data.recv() else {
             panic!("expected ChannelJoin");
         };
-        assert!(auth.verify_channel(&session_id, join.index, &join.proof));
+        assert!(auth.verify_channel(&accepted.session_id, join.index, &join.proof));
         data.send(&Message::ChannelAccepted { index: join.index });
+        play(control, data, accepted);
+    });
+    (addr, server)
+}
+
+/// A rogue server that announces `entries` (as a frame forged by `forge`) and holds the
+/// connections until the client hangs up.
+fn announcing_server(entries: Vec<Entry>, forge: Option<(&'static [u8], &'static [u8])>) -> String {
+    let (addr, _server) = rogue_server(move |mut control, data, _| {
         let manifest = Message::Manifest(Manifest {
             first_id: 0,
             entries,
@@ -603,7 +725,7 @@ fn a_pulling_client_accepts_only_what_it_asked_for() {
             "evil",
         ),
     ] {
-        let addr = rogue_server(entries, forge);
+        let addr = announcing_server(entries, forge);
         let run = cp([
             format!("wanxfer://{addr}/wanted"),
             dest.to_str().unwrap().to_string(),
@@ -612,4 +734,48 @@ fn a_pulling_client_accepts_only_what_it_asked_for() {
         run.assert_stderr_mentions(needle);
         assert!(snapshot(dir.path()).keys().all(|k| k == b"dest"));
     }
+}
+
+/// The pulling client's side of `a_wrong_file_digest_keeps_the_file_from_its_final_name`:
+/// the same sink, so the same verdicts, and the exit status and JSON report the failed
+/// files the way they report any failed file.
+#[test]
+fn a_pulling_client_fails_only_the_files_whose_digest_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    let (addr, server) = rogue_server(|mut control, mut data, accepted| {
+        announce(&mut control, DigestTrial::entries());
+        DigestTrial::send_blocks(&mut data, &accepted);
+        DigestTrial::expect_verdicts(&mut control);
+        match control.recv() {
+            Some(Message::Finish) => {}
+            other => panic!("expected Finish, got {other:?}"),
+        }
+        control.send(&Message::Stats(Stats {
+            cpu_user_us: 0,
+            cpu_sys_us: 0,
+            bytes: 0,
+            files: 0,
+        }));
+        // Hold the connections until the client hangs up.
+        let _ = control.recv();
+    });
+    let run = cp([
+        "--json".to_string(),
+        format!("wanxfer://{addr}/wanted"),
+        dest.to_str().unwrap().to_string(),
+    ]);
+    let server = server.join();
+    assert!(
+        server.is_ok(),
+        "the rogue server saw what it expected: {run:#?}"
+    );
+    run.assert_code(6)
+        .assert_stderr_mentions("2 file(s) failed");
+    let json = run.json();
+    assert_eq!(json["exit_code"], 6, "{json}");
+    let error = json["error"].as_str().unwrap();
+    assert!(error.contains("digest differs"), "{json}");
+    DigestTrial::assert_landed(&dest);
 }
