@@ -752,12 +752,7 @@ fn a_pulling_client_fails_only_the_files_whose_digest_is_wrong() {
             Some(Message::Finish) => {}
             other => panic!("expected Finish, got {other:?}"),
         }
-        control.send(&Message::Stats(Stats {
-            cpu_user_us: 0,
-            cpu_sys_us: 0,
-            bytes: 0,
-            files: 0,
-        }));
+        control.send(&Message::Stats(Stats::default()));
         // Hold the connections until the client hangs up.
         let _ = control.recv();
     });
