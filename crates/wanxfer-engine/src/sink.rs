@@ -543,7 +543,12 @@ impl Sink {
         if seg.is_last() && !self.take_digest(seg, &slot, data)? {
             return self.fail_or_abort(seg.file_id, self.digest_mismatch(&slot));
         }
-        let temp = self.prepare(seg, &slot)?;
+        // A file that cannot be created here (permissions, a name the file system
+        // refuses) fails alone; a full disk or a peer past its limits ends the session.
+        let temp = match self.prepare(seg, &slot) {
+            Ok(temp) => temp,
+            Err(e) => return self.fail_or_abort(seg.file_id, e),
+        };
         if let Some(temp) = &temp {
             match temp.write_at(data, seg.offset) {
                 Ok(direct) => self.count_direct(temp, data, direct),

@@ -1,5 +1,5 @@
-//! Failures end to end: a peer that vanishes mid-transfer and a disk that fills up. What
-//! must hold each time: a clear error with the right exit code, the old file (if any)
+//! Failures end to end: a peer that vanishes mid-transfer, a disk that fills up, and a file
+//! the server may not create. What must hold each time: a clear error with the right exit code, the old file (if any)
 //! untouched under its final name, no partial file under a final name, and a server that
 //! goes on serving.
 //!
@@ -11,7 +11,7 @@ mod common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -190,4 +190,64 @@ fn a_full_disk_on_a_pulling_client_is_a_local_error_and_loses_nothing() {
     run.assert_code(7).assert_stderr_mentions("space");
     assert_eq!(fs::read(disk.path.join("big.bin")).unwrap(), OLD);
     assert!(temp_files(&disk.path).is_empty());
+}
+
+/// A directory made immutable (`chattr +i`), unlocked on drop so the test can clean up.
+/// Immutable stops even root from creating files in it, which mode bits do not.
+struct Locked(std::path::PathBuf);
+
+impl Locked {
+    fn new(dir: std::path::PathBuf) -> Option<Locked> {
+        let locked = Command::new("chattr")
+            .arg("+i")
+            .arg(&dir)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !locked {
+            eprintln!("skipped: chattr +i is not available here");
+            return None;
+        }
+        Some(Locked(dir))
+    }
+}
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        let _ = Command::new("chattr").arg("-i").arg(&self.0).status();
+    }
+}
+
+/// A file the server cannot create (its directory refuses) fails alone, with the
+/// reason; the session goes on and the other files land.
+#[test]
+fn a_file_the_server_cannot_create_fails_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    fs::create_dir_all(root.join("copy/locked")).unwrap();
+    let server = Server::start(&root, &[]);
+    let src = dir.path().join("copy");
+    fs::create_dir_all(src.join("locked")).unwrap();
+    fs::create_dir_all(src.join("free")).unwrap();
+    write_pattern(&src.join("locked/refused"), 5000, 1);
+    write_pattern(&src.join("free/lands"), 3 << 20, 2);
+    write_pattern(&src.join("free/small"), 700, 3);
+    let Some(_locked) = Locked::new(root.join("copy/locked")) else {
+        return;
+    };
+
+    let run = cp([src.as_os_str(), &server.url("")]);
+    // 8: the server failed on its side; "1 file(s) failed" names the first.
+    run.assert_code(8)
+        .assert_stderr_mentions("1 file(s) failed")
+        .assert_stderr_mentions("locked/refused")
+        .assert_stderr_mentions("Operation not permitted");
+    for name in ["free/lands", "free/small"] {
+        assert_eq!(
+            fs::read(root.join("copy").join(name)).unwrap(),
+            fs::read(src.join(name)).unwrap()
+        );
+    }
+    assert!(!root.join("copy/locked/refused").exists());
+    assert!(temp_files(&root).is_empty());
 }
