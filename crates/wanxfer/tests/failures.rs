@@ -1,7 +1,7 @@
-//! Failures end to end: a peer that vanishes mid-transfer, a disk that fills up, and a file
-//! the server may not create. What must hold each time: a clear error with the right exit code, the old file (if any)
-//! untouched under its final name, no partial file under a final name, and a server that
-//! goes on serving.
+//! Failures end to end: a peer that vanishes mid-transfer, a disk that fills up, and a
+//! file the server may not create. What must hold each time: a clear error with the right
+//! exit code, the old file (if any) untouched under its final name, no partial file under
+//! a final name, and a server that goes on serving.
 //!
 //! "Mid-transfer" is made exact without timing: the test waits for the receiver's
 //! temporary file to appear, freezes the side that must not finish (SIGSTOP), kills the
