@@ -212,7 +212,10 @@ def files_wanxfer(ctx, src, knobs):
         out, ccpu, wall = run_client([ctx.binary, "cp", "--json", *knobs, src, f"wanxfer://{srv.line}/out"],
                                      env=ctx.env, timeout=ctx.timeout)
         r = json.loads(out)
-        return ccpu, wall, srv.cpu(), os.path.join(root, "out"), f"wanxfer reports {r['gbit_per_s']:.2f} Gbit/s"
+        note = f"wanxfer reports {r['gbit_per_s']:.2f} Gbit/s, sent by {r.get('io', '?')}, written {r.get('peer_io', '?')}"
+        if r.get("peer_io_fallback"):
+            note += f" ({r['peer_io_fallback']})"
+        return ccpu, wall, srv.cpu(), os.path.join(root, "out"), note
     finally:
         srv.stop()
 
