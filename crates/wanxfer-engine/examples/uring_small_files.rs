@@ -338,12 +338,30 @@ fn read_with_uring(tree: &Tree, bufs: &mut [Vec<u8>], batch: usize) {
     }
 }
 
-/// One measurement: seconds and CPU microseconds, and io-wq workers seen after it.
-fn measure(work: impl FnOnce()) -> (f64, u64, usize) {
+/// One timed run of one phase.
+struct Sample {
+    secs: f64,
+    cpu_us: u64,
+    /// io_uring worker threads alive after it.
+    workers: usize,
+}
+
+/// The runs of one variant and phase, over the rounds.
+struct Row {
+    variant: String,
+    phase: &'static str,
+    runs: Vec<Sample>,
+}
+
+fn measure(work: impl FnOnce()) -> Sample {
     let (cpu, wall) = (cpu_us(), Instant::now());
     work();
     let secs = wall.elapsed().as_secs_f64();
-    (secs, cpu_us() - cpu, uring_workers())
+    Sample {
+        secs,
+        cpu_us: cpu_us() - cpu,
+        workers: uring_workers(),
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -361,11 +379,14 @@ fn main() {
         None => "syscalls".to_string(),
         Some(b) => format!("io_uring B={b}"),
     };
-    // (variant, phase) -> [(seconds, cpu µs, workers)] over rounds
-    let mut table: Vec<(String, &str, Vec<(f64, u64, usize)>)> = Vec::new();
+    let mut table: Vec<Row> = Vec::new();
     for v in &variants {
         for phase in ["write", "read"] {
-            table.push((name(v), phase, Vec::new()));
+            table.push(Row {
+                variant: name(v),
+                phase,
+                runs: Vec::new(),
+            });
         }
     }
     for round in 0..o.rounds {
@@ -379,8 +400,8 @@ fn main() {
                 None => read_with_syscalls(&tree, &mut vec![0u8; o.size]),
                 Some(b) => read_with_uring(&tree, &mut vec![vec![0u8; o.size]; *b], *b),
             });
-            table[2 * k].2.push(wrote);
-            table[2 * k + 1].2.push(read);
+            table[2 * k].runs.push(wrote);
+            table[2 * k + 1].runs.push(read);
         }
         eprintln!("round {} of {} done", round + 1, o.rounds);
     }
@@ -396,13 +417,18 @@ fn main() {
         "{:<16} {:<6} {:>10} {:>12} {:>18} {:>8}",
         "variant", "phase", "files/s", "CPU µs/file", "range", "iou-wrk"
     );
-    for (variant, phase, runs) in &table {
-        let per_file = |cpu: u64| cpu as f64 / o.files as f64;
-        let rate = median(runs.iter().map(|r| o.files as f64 / r.0).collect());
-        let cpu = median(runs.iter().map(|r| per_file(r.1)).collect());
-        let lo = runs.iter().map(|r| per_file(r.1)).fold(f64::MAX, f64::min);
-        let hi = runs.iter().map(|r| per_file(r.1)).fold(0.0, f64::max);
-        let workers = runs.iter().map(|r| r.2).max().unwrap_or(0);
+    for Row {
+        variant,
+        phase,
+        runs,
+    } in &table
+    {
+        let per_file = |s: &Sample| s.cpu_us as f64 / o.files as f64;
+        let rate = median(runs.iter().map(|s| o.files as f64 / s.secs).collect());
+        let cpu = median(runs.iter().map(per_file).collect());
+        let lo = runs.iter().map(per_file).fold(f64::MAX, f64::min);
+        let hi = runs.iter().map(per_file).fold(0.0, f64::max);
+        let workers = runs.iter().map(|s| s.workers).max().unwrap_or(0);
         println!(
             "{variant:<16} {phase:<6} {rate:>10.0} {cpu:>12.2} {:>18} {workers:>8}",
             format!("{lo:.2}..{hi:.2}")
