@@ -35,7 +35,11 @@
 //! kernel does whoever submits it, and system call entry is a few percent of it (a perf
 //! profile of the receiver put it at about 2%); `O_TMPFILE` and `O_CREAT` opens cannot
 //! complete inline, so the ring hands each to an `iou-wrk` thread (2 to 4 appeared), and
-//! every operation pays the ring's own bookkeeping. So the engine keeps plain system
+//! every operation pays the ring's own bookkeeping. Tracing the kernel's
+//! `io_uring_queue_async_work` showed more: `LINKAT` and `RENAMEAT` always go to a worker
+//! too, and on tmpfs so do `READ` and `WRITE` (it offers no non-blocking attempt); only
+//! `CLOSE` and opens of existing files completed inline. A variant with direct descriptors
+//! (which `LINKAT` refuses, so a named temporary and a rename) cost as much. So the engine keeps plain system
 //! calls, and there is no `--io uring`: it would be a mode that is always slower here.
 //! Run it again on a machine with a different kernel or file system before believing
 //! that elsewhere.
