@@ -179,6 +179,10 @@ struct SlotState {
     /// Only for files that arrive in pieces: a hasher is half a kilobyte, and a slot is
     /// held for every announced file (65,536 of them with the default window).
     running: Option<Box<RunningDigest>>,
+    /// The file failed while another writer still held its slot: that writer must not
+    /// open a temporary for it (which would count against the open-file limit forever)
+    /// nor record its data.
+    abandoned: bool,
 }
 
 /// The digest of a file's first `upto` bytes, advanced as data arrives.
@@ -446,6 +450,7 @@ impl Sink {
         self.failed.lock().expect("no panics while held").insert(id);
         if let Some(slot) = self.slots.lock().expect("no panics while held").remove(&id) {
             let mut state = slot.state.lock().expect("no panics while held");
+            state.abandoned = true;
             if state.temp.take().is_some() {
                 self.open_files.fetch_sub(1, Ordering::Relaxed);
             }
@@ -595,6 +600,9 @@ impl Sink {
             return Ok(None);
         };
         let mut state = slot.state.lock().expect("no panics while held");
+        if state.abandoned {
+            return Ok(None);
+        }
         if state.temp.is_none() {
             if self.open_files.load(Ordering::Relaxed) >= self.limits.max_open_files {
                 return Err(Error::Limit(format!(
@@ -663,6 +671,9 @@ impl Sink {
         let (temp, computed) = {
             let mut guard = slot.state.lock().expect("no panics while held");
             let state = &mut *guard;
+            if state.abandoned {
+                return Ok(None);
+            }
             let end = seg.offset + u64::from(seg.len);
             state.coverage.add(seg.offset, end).map_err(|e| {
                 Error::protocol(&self.peer, format!("{}: {e}", self.show(&slot.dest)))
@@ -986,6 +997,29 @@ mod tests {
 
     /// A file that came whole in one segment fails on a wrong digest the way a file that
     /// came in pieces does: alone, with nothing left on disk, while the next file lands.
+    #[test]
+    fn a_file_abandoned_under_a_writer_gets_no_temporary_and_no_verdict() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = sink_in(dir.path());
+        let data = vec![5u8; 8192];
+        sink.apply_entry(0, &entry("f", 3 * 8192)).unwrap();
+        // A writer took the slot, then another writer failed the file.
+        let slot = sink.slot(0).unwrap();
+        sink.abandon(0);
+        let seg = Segment {
+            file_id: 0,
+            offset: 8192,
+            len: 8192,
+            flags: 0,
+            digest: [0; 16],
+        };
+        assert!(sink.prepare(&seg, &slot).unwrap().is_none());
+        assert_eq!(sink.open_files.load(Ordering::Relaxed), 0);
+        let recorded = sink.record(&seg, &data, &slot, &mut Vec::new()).unwrap();
+        assert!(recorded.is_none());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
     #[test]
     fn a_wrong_digest_on_a_whole_file_fails_only_that_file() {
         let dir = tempfile::tempdir().unwrap();
