@@ -40,6 +40,11 @@ pub struct BenchArgs {
     /// Stream counts to sweep (comma-separated).
     #[arg(long, default_value = "1,2", value_delimiter = ',')]
     pub streams: Vec<u16>,
+    /// Send modes to sweep (comma-separated). Memory to memory sends from the block
+    /// buffers, so `copy` and `zerocopy` are the ones that differ; measure both on a NIC
+    /// before choosing `--io zerocopy` for a path.
+    #[arg(long, default_value = "copy", value_delimiter = ',')]
+    pub io: Vec<crate::args::IoArg>,
     /// Measure without the per-block checksum too.
     #[arg(long)]
     pub no_block_checksum: bool,
@@ -105,6 +110,7 @@ fn latency(args: &BenchArgs) -> Result<(), Error> {
 
 #[derive(Debug, Serialize, Clone)]
 pub struct Point {
+    pub io: &'static str,
     pub streams: u16,
     pub block_size: u32,
     pub depth: u16,
@@ -209,7 +215,8 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
     };
     let mut points = Vec::new();
     println!(
-        "{:>7} {:>10} {:>5} {:>5} {:>10} {:>9} {:>9} {:>11} {:>11}",
+        "{:>8} {:>7} {:>10} {:>5} {:>5} {:>10} {:>9} {:>9} {:>11} {:>11}",
+        "io",
         "streams",
         "block",
         "depth",
@@ -220,35 +227,42 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
         "send s/GB",
         "recv s/GB"
     );
-    for &crc in checksums {
-        for &streams in &args.streams {
-            for &block in &args.block_sizes {
-                for &depth in &args.depths {
-                    let tuning = Tuning {
-                        streams,
-                        block_size: block as u32,
-                        depth,
-                        block_crc: crc,
-                        transport: args.transport.transport(),
-                        ..Tuning::default()
-                    };
-                    let p = measure(&addr, &secret, args.bytes, tuning)?;
-                    println!(
-                        "{:>7} {:>10} {:>5} {:>5} {:>10.2} {:>9.0} {:>9.0} {:>11.3} {:>11.3}",
-                        p.streams,
-                        block,
-                        p.depth,
-                        if crc { "on" } else { "off" },
-                        p.gbit_per_s,
-                        p.sender_cpu_percent,
-                        p.receiver_cpu_percent,
-                        p.sender_cpu_s_per_gb,
-                        p.receiver_cpu_s_per_gb
-                    );
-                    points.push(p);
-                }
-            }
-        }
+    let grid = checksums.iter().flat_map(|&crc| {
+        args.io.iter().flat_map(move |&io| {
+            args.streams.iter().flat_map(move |&streams| {
+                args.block_sizes.iter().flat_map(move |&block| {
+                    args.depths
+                        .iter()
+                        .map(move |&depth| (crc, io, streams, block, depth))
+                })
+            })
+        })
+    });
+    for (crc, io, streams, block, depth) in grid {
+        let tuning = Tuning {
+            streams,
+            block_size: block as u32,
+            depth,
+            block_crc: crc,
+            io: io.mode(),
+            transport: args.transport.transport(),
+            ..Tuning::default()
+        };
+        let p = measure(&addr, &secret, args.bytes, tuning)?;
+        println!(
+            "{:>8} {:>7} {:>10} {:>5} {:>5} {:>10.2} {:>9.0} {:>9.0} {:>11.3} {:>11.3}",
+            p.io,
+            p.streams,
+            block,
+            p.depth,
+            if crc { "on" } else { "off" },
+            p.gbit_per_s,
+            p.sender_cpu_percent,
+            p.receiver_cpu_percent,
+            p.sender_cpu_s_per_gb,
+            p.receiver_cpu_s_per_gb
+        );
+        points.push(p);
     }
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&points).expect("plain data serializes");
@@ -262,6 +276,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
 }
 
 fn measure(addr: &str, secret: &[u8], bytes: u64, tuning: Tuning) -> Result<Point, Error> {
+    let tuning_io = tuning.io.name();
     let cfg = ClientConfig {
         server: addr.to_string(),
         secret: secret.to_vec(),
@@ -278,6 +293,7 @@ fn measure(addr: &str, secret: &[u8], bytes: u64, tuning: Tuning) -> Result<Poin
     let send = (r.cpu.user_us + r.cpu.sys_us) as f64 / 1e6;
     let recv = (r.peer_cpu.user_us + r.peer_cpu.sys_us) as f64 / 1e6;
     Ok(Point {
+        io: tuning_io,
         streams: r.streams,
         block_size: r.block_size,
         depth: r.depth,
@@ -291,7 +307,7 @@ fn measure(addr: &str, secret: &[u8], bytes: u64, tuning: Tuning) -> Result<Poin
     })
 }
 
-/// Gbit/s against bytes in flight (log scale), one line per stream count.
+/// Gbit/s against bytes in flight (log scale), one line per stream count and send mode.
 fn plot(points: &[Point], path: &std::path::Path) -> Result<(), String> {
     let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
@@ -312,21 +328,21 @@ fn plot(points: &[Point], path: &std::path::Path) -> Result<(), String> {
         .x_label_formatter(&|v| format!("{:.0} KiB", v / 1024.0))
         .draw()
         .map_err(|e| e.to_string())?;
-    let mut streams: Vec<u16> = points.iter().map(|p| p.streams).collect();
-    streams.sort_unstable();
-    streams.dedup();
-    for (i, s) in streams.iter().enumerate() {
+    let mut lines: Vec<(u16, &str)> = points.iter().map(|p| (p.streams, p.io)).collect();
+    lines.sort_unstable();
+    lines.dedup();
+    for (i, &(s, io)) in lines.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         let mut series: Vec<(f64, f64)> = points
             .iter()
-            .filter(|p| p.streams == *s)
+            .filter(|p| (p.streams, p.io) == (s, io))
             .map(|p| (p.bytes_in_flight as f64, p.gbit_per_s))
             .collect();
         series.sort_by(|a, b| a.0.total_cmp(&b.0));
         chart
             .draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))
             .map_err(|e| e.to_string())?
-            .label(format!("{s} stream(s)"))
+            .label(format!("{s} stream(s), {io}"))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
         chart
             .draw_series(

@@ -633,3 +633,43 @@ fn an_unreachable_server_is_a_network_error() {
     ])
     .assert_code(4);
 }
+
+/// `wanxfer bench` starts its own server, sweeps send mode × depth memory to memory, and
+/// writes one JSON point per measurement and an SVG plot with a line per mode.
+#[test]
+fn bench_sweeps_send_modes_and_writes_json_and_svg() {
+    let dir = tempfile::tempdir().unwrap();
+    let (json, svg) = (dir.path().join("b.json"), dir.path().join("b.svg"));
+    let out = std::process::Command::new(wanxfer_bin())
+        .args(["bench", "--bytes", "32MiB", "--block-sizes", "256KiB"])
+        .args(["--depths", "1,4", "--streams", "1", "--io", "copy,zerocopy"])
+        .arg("--json")
+        .arg(&json)
+        .arg("--svg")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let points: Vec<serde_json::Value> = serde_json::from_slice(&fs::read(&json).unwrap()).unwrap();
+    let grid: Vec<(&str, u64)> = points
+        .iter()
+        .map(|p| (p["io"].as_str().unwrap(), p["depth"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        grid,
+        [("copy", 1), ("copy", 4), ("zerocopy", 1), ("zerocopy", 4)]
+    );
+    for p in &points {
+        assert!(p["gbit_per_s"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["receiver_cpu_s_per_gb"].is_f64(), "{p}");
+    }
+    let plot = fs::read_to_string(&svg).unwrap();
+    assert!(
+        plot.contains("<svg") && plot.contains("zerocopy"),
+        "the plot has a line per mode"
+    );
+}
