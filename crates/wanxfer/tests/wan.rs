@@ -70,10 +70,10 @@ fn a_tree_crosses_a_long_lossy_path_intact() {
     assert_eq!(report.tun_tx_dropped, [Some(0), Some(0)]);
 }
 
-/// The send modes other than the default cross the same kind of path: `zerocopy` keeps
-/// each block until the kernel releases it, which behind a real device (the emulator's
-/// TUN, unlike loopback) is only once the far side has acknowledged it, a round trip
-/// later; `copy` reads every block into a buffer.
+/// Every send mode crosses the same kind of path: `zerocopy` keeps each block until the
+/// kernel releases it, which behind a real device (the emulator's TUN, unlike loopback)
+/// is only once the far side has acknowledged it, a round trip later; `copy` reads every
+/// block into a buffer; `auto`, the peer being on another host, sends from the page cache.
 #[test]
 fn every_send_mode_crosses_a_long_lossy_path_intact() {
     if skip() {
@@ -95,14 +95,19 @@ fn every_send_mode_crosses_a_long_lossy_path_intact() {
     let src = dir.path().join("src/tree");
     odd_tree(&src);
     write_pattern(&src.join("bulk.bin"), 12 << 20, 4);
-    for io in ["zerocopy", "copy"] {
+    // auto, to a peer on another host: sendfile, checksums or not.
+    for (io, used) in [
+        ("zerocopy", "zerocopy"),
+        ("copy", "copy"),
+        ("auto", "sendfile"),
+    ] {
         let url = server.url(io);
         let args = ["--json", "--io", io, "--block-size", "1MiB"]
             .map(OsStr::new)
             .into_iter()
             .chain([src.as_os_str(), &url]);
         let json = cp_via(emu.left(wanxfer_bin()), args).assert_ok().json();
-        assert_eq!(json["io"], io, "{json}");
+        assert_eq!(json["io"], used, "{json}");
         assert_same_tree(&src, &server.root.join(io), true);
     }
     let report = emu.stop().unwrap();

@@ -11,7 +11,9 @@ use wanxfer_proto::{
     SessionAccepted, Stats, TransportKind,
 };
 
-use super::control::{read_message, send_preamble, spawn_reader, tune_socket, Control};
+use super::control::{
+    peer_on_this_host, read_message, send_preamble, spawn_reader, tune_socket, Control,
+};
 use super::driver::{run_receiver, run_sender, Core, Outcome};
 use super::{random, Params, Transport, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
 use crate::fs::{Kind, Root};
@@ -112,6 +114,7 @@ pub fn run_client(
         cfg.tuning.writers,
         cfg.tuning.io,
     );
+    params.resolve_io(peer_on_this_host(&stream));
     let channels = (0..accepted.streams)
         .map(|i| open_channel(cfg, &auth, &accepted, i))
         .collect::<Result<Vec<_>, _>>()?;

@@ -117,6 +117,15 @@ pub fn spawn_reader(
     Ok((rx, handle))
 }
 
+/// Whether the peer of `stream` runs on this host (a loopback address, or our own
+/// address): its copies then share our memory, which changes what `--io auto` picks.
+pub fn peer_on_this_host(stream: &TcpStream) -> bool {
+    match (stream.peer_addr(), stream.local_addr()) {
+        (Ok(peer), Ok(local)) => peer.ip().is_loopback() || peer.ip() == local.ip(),
+        _ => false,
+    }
+}
+
 /// Socket settings for every wanxfer connection: no Nagle delay on small control frames,
 /// and a peer that vanishes without a FIN (a cut link, a crashed host) noticed within
 /// `stall`: unacknowledged data times out (`TCP_USER_TIMEOUT`) and an idle connection is
@@ -131,4 +140,17 @@ pub fn tune_socket(stream: &TcpStream, stall: Duration) {
         .with_retries(3);
     let _ = sock.set_tcp_keepalive(&keepalive);
     let _ = sock.set_tcp_user_timeout(Some(stall));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loopback_peer_is_on_this_host() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        assert!(peer_on_this_host(&client) && peer_on_this_host(&server));
+    }
 }

@@ -77,7 +77,7 @@ impl Default for Tuning {
             window: 65_536,
             block_crc: true,
             file_digest: true,
-            io: IoMode::Sendfile,
+            io: IoMode::Auto,
             write: crate::fs::WriteMode::Auto,
             transport: Transport::Tcp,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
@@ -125,6 +125,13 @@ impl Params {
             discard: a.flags & DISCARD != 0,
             io,
         }
+    }
+
+    /// Settles `--io auto` for this session's peer (see [`IoMode::resolve`]): the readers
+    /// read every byte when a block checksum or a file digest needs them.
+    pub fn resolve_io(&mut self, peer_on_this_host: bool) {
+        let reads_every_byte = self.block_crc || (self.file_digest && !self.discard);
+        self.io = self.io.resolve(peer_on_this_host, reads_every_byte);
     }
 
     /// Buffers in this side's pool: every channel's queue plus one in the hands of each

@@ -20,7 +20,9 @@ use wanxfer_proto::{
     Message, OpenSession, SessionAccepted, Stats, TransportKind, MAX_BLOCK_PAYLOAD,
 };
 
-use super::control::{read_message, read_preamble, spawn_reader, tune_socket, Control};
+use super::control::{
+    peer_on_this_host, read_message, read_preamble, spawn_reader, tune_socket, Control,
+};
 use super::driver::{run_receiver, run_sender, Core};
 use super::{random, Params, DISCARD_PATH, SYNTHETIC_PATH};
 use crate::fs::Root;
@@ -74,7 +76,7 @@ impl Default for ServerLimits {
             max_open_files: 512,
             handshake_timeout: Duration::from_secs(30),
             max_pool_bytes: 512 << 20,
-            io: crate::source::IoMode::Sendfile,
+            io: crate::source::IoMode::Auto,
             write: crate::fs::WriteMode::Auto,
             fabric_provider: None,
             stall_timeout: super::DEFAULT_STALL_TIMEOUT,
@@ -306,6 +308,7 @@ impl Connection {
         };
         let session_id: [u8; 16] = random()?;
         let (accepted, mut params) = self.clamp(&request, &session_id);
+        params.resolve_io(peer_on_this_host(&stream));
         let prepared = self.prepare_role(&request, &params).and_then(|role| {
             let listener = self.fabric_listener(&request, &stream)?;
             Ok((role, listener))
