@@ -395,6 +395,7 @@ fn run_role(
                 params.file_digest,
                 SinkLimits {
                     write,
+                    max_parked_blocks: params.parkable_blocks(),
                     ..SinkLimits::default()
                 },
             );

@@ -745,8 +745,7 @@ fn run_writer(
     let mut scratch = Vec::new();
     while let Some(block) = recv_or_cancel(queue, cancel)? {
         let mut resolved = Vec::new();
-        sink.place_block(&block, &mut scratch, &mut resolved)?;
-        drop(block);
+        sink.place_block(block, &mut scratch, &mut resolved)?;
         if !resolved.is_empty() {
             let _ = results.send(resolved);
         }

@@ -134,6 +134,13 @@ impl Params {
         self.io = self.io.resolve(peer_on_this_host, reads_every_byte);
     }
 
+    /// Early blocks the sink may keep for its digests: fewer than one channel's RDMA slot
+    /// arena (`depth + 1`) and far fewer than the TCP pool, so the block that fills a gap
+    /// always finds a buffer to land in.
+    pub fn parkable_blocks(&self) -> usize {
+        usize::from(self.depth)
+    }
+
     /// Buffers in this side's pool: every channel's queue plus one in the hands of each
     /// channel, reader and writer.
     pub fn pool_blocks(&self) -> usize {

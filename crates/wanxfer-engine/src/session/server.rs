@@ -481,6 +481,7 @@ impl Connection {
                 let limits = SinkLimits {
                     max_open_files: self.limits.max_open_files,
                     write: self.limits.write,
+                    max_parked_blocks: params.parkable_blocks(),
                 };
                 let sink = Sink::new(
                     target,
