@@ -425,7 +425,7 @@ def main():
     ap.add_argument("--timeout", type=float, help="seconds before a run is killed (60 quick, 600 full)")
     ap.add_argument("--mem-bytes", help="override the memory-to-memory size (e.g. 8GiB)")
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "bench", "runs"))
-    ap.add_argument("--tag", default="", help="suffix for the output file names")
+    ap.add_argument("--tag", default="", help="suffix for the output file names (after a dash)")
     ap.add_argument("--render", metavar="RUN.json", help="only rewrite RUN.md from a recorded RUN.json")
     a = ap.parse_args()
     if a.render:
@@ -506,7 +506,8 @@ def main():
     text = render(doc)
     print(text)
     os.makedirs(a.out_dir, exist_ok=True)
-    stem = os.path.join(a.out_dir, f"peers-{started:%Y-%m-%d}{'-' + mode if mode != 'full' else ''}{a.tag}")
+    tag = "-" + a.tag.lstrip("-") if a.tag else ""
+    stem = os.path.join(a.out_dir, f"peers-{started:%Y-%m-%d}{'-' + mode if mode != 'full' else ''}{tag}")
     with open(stem + ".md", "w") as f:
         f.write(text)
     with open(stem + ".json", "w") as f:
