@@ -110,7 +110,8 @@ fn latency(args: &BenchArgs) -> Result<(), Error> {
 
 #[derive(Debug, Serialize, Clone)]
 pub struct Point {
-    pub io: &'static str,
+    /// The send mode the session used (`auto` as it was settled for this server).
+    pub io: String,
     pub streams: u16,
     pub block_size: u32,
     pub depth: u16,
@@ -276,7 +277,6 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
 }
 
 fn measure(addr: &str, secret: &[u8], bytes: u64, tuning: Tuning) -> Result<Point, Error> {
-    let tuning_io = tuning.io.name();
     let cfg = ClientConfig {
         server: addr.to_string(),
         secret: secret.to_vec(),
@@ -293,7 +293,7 @@ fn measure(addr: &str, secret: &[u8], bytes: u64, tuning: Tuning) -> Result<Poin
     let send = (r.cpu.user_us + r.cpu.sys_us) as f64 / 1e6;
     let recv = (r.peer_cpu.user_us + r.peer_cpu.sys_us) as f64 / 1e6;
     Ok(Point {
-        io: tuning_io,
+        io: r.io.mode.clone(),
         streams: r.streams,
         block_size: r.block_size,
         depth: r.depth,
@@ -328,14 +328,14 @@ fn plot(points: &[Point], path: &std::path::Path) -> Result<(), String> {
         .x_label_formatter(&|v| format!("{:.0} KiB", v / 1024.0))
         .draw()
         .map_err(|e| e.to_string())?;
-    let mut lines: Vec<(u16, &str)> = points.iter().map(|p| (p.streams, p.io)).collect();
+    let mut lines: Vec<(u16, &str)> = points.iter().map(|p| (p.streams, p.io.as_str())).collect();
     lines.sort_unstable();
     lines.dedup();
     for (i, &(s, io)) in lines.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         let mut series: Vec<(f64, f64)> = points
             .iter()
-            .filter(|p| (p.streams, p.io) == (s, io))
+            .filter(|p| (p.streams, p.io.as_str()) == (s, io))
             .map(|p| (p.bytes_in_flight as f64, p.gbit_per_s))
             .collect();
         series.sort_by(|a, b| a.0.total_cmp(&b.0));

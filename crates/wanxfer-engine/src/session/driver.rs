@@ -552,6 +552,10 @@ pub fn run_receiver(core: &mut Core, sink: Arc<Sink>) -> Result<Outcome, Error> 
     for pending in sink.pending() {
         sink.abandon(pending);
     }
+    tracing::debug!(
+        bytes = sink.reread_bytes(),
+        "read back from temporaries to verify blocks that arrived early with no room to park"
+    );
     result.map(|outcome| Outcome {
         io: sink.io_use(),
         ..outcome
