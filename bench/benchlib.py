@@ -303,16 +303,14 @@ class DestTmpfs:
     """The destination file system of a benchmark: a tmpfs of its own, mounted with
     `huge=within_size` when the harness runs as root, the same for every tool.
 
-    On this kind of VM each fresh 4 KiB page costs a fault in the hypervisor, so writing a
-    file into a plain tmpfs runs at 0.3-1.4 GB/s whoever writes it; with huge pages a
-    preallocated file takes 10-12 GB/s (measured with dd after fallocate). `within_size`
-    gives a file huge pages only where its size already covers them, so a tool that
-    announces the size first (wanxfer reserves it) gets them and one that appends does not;
-    small files never waste a 2 MiB page. Without root the destination is a directory in
-    /dev/shm and `describe()` says so.
+    `within_size` gives a file huge pages only where its size already covers them, so a
+    tool that announces the size first (wanxfer reserves it) gets them and one that appends
+    does not; small files never waste a 2 MiB page. Without root the destination is a
+    directory in /dev/shm and `describe()` says so. While it is mounted, the host's page
+    reporting is paused (`HostPageReporting`), so that no run pays for memory the host took.
     """
 
-    def __init__(self, parent, size_gib=14):
+    def __init__(self, parent, size_gib=14, warm_gib=8):
         self.path = os.path.join(parent, "dst-fs")
         os.makedirs(self.path, exist_ok=True)
         self.mounted = False
@@ -325,11 +323,77 @@ class DestTmpfs:
             why = ": mounting huge=within_size needs root"
         self.description = ("destination: a tmpfs of its own mounted with huge=within_size" if self.mounted
                             else f"destination: a directory in /dev/shm (plain tmpfs{why})")
+        self.reporting = HostPageReporting(self.path, warm_gib)
 
     def describe(self):
         return self.description
 
     def close(self):
+        self.reporting.close()
         if self.mounted:
             subprocess.run(["umount", "-l", self.path], capture_output=True)
             self.mounted = False
+
+
+class HostPageReporting:
+    """Keeps the guest's freed memory out of the hypervisor's hands while the tools run.
+
+    With free page reporting (virtio-balloon) the guest hands blocks it has freed back to
+    the host a second or two later; the next write into such a page faults in the host.
+    On the VM these runs were made on that costs about 3 CPU s per GiB written (dd of
+    2 GiB into tmpfs: 6.3 s after the memory had been free for a few seconds, 0.2 s right
+    after), which is ten times what any tool here spends per GiB. Which run pays it
+    depends on how long memory sat free before it, so it scrambles a side-by-side
+    comparison. Raising `page_reporting_order` past the largest buddy order (10) leaves
+    nothing large enough to report; writing and deleting `warm_gib` of data then faults
+    the already-reported memory back once, before any run. The old order is restored
+    on `close()`. Without the parameter (bare metal, no balloon) this does nothing;
+    where the kernel refuses the value, `describe()` says so.
+    """
+
+    PARAM = "/sys/module/page_reporting/parameters/page_reporting_order"
+    NEVER = "11"
+
+    def __init__(self, warm_dir, warm_gib):
+        self.saved = None
+        if not os.path.exists(self.PARAM):
+            self.description = "Host page reporting: not present"
+            return
+        try:
+            with open(self.PARAM) as f:
+                saved = f.read().strip()
+            with open(self.PARAM, "w") as f:
+                f.write(self.NEVER)
+            self.saved = saved
+        except OSError as e:
+            self.description = (f"Host page reporting: ACTIVE ({e.strerror}); runs after an idle pause "
+                                "pay host faults of about 3 CPU s per GiB written")
+            return
+        warmed = self._warm(warm_dir, warm_gib)
+        self.description = (f"Host page reporting: paused during the runs (page_reporting_order "
+                             f"{saved} -> {self.NEVER}, restored after); {warmed:.1f} GiB of free memory "
+                             "faulted back in first")
+        print(self.description, flush=True)
+
+    @staticmethod
+    def _warm(warm_dir, warm_gib):
+        """Writes and deletes up to `warm_gib` GiB (at most half of what is available)."""
+        with open("/proc/meminfo") as f:
+            avail_kib = next(int(ln.split()[1]) for ln in f if ln.startswith("MemAvailable:"))
+        gib = min(warm_gib, avail_kib / 2**20 / 2)
+        path = os.path.join(warm_dir, "page-reporting-warmup")
+        chunk = b"\0" * (1 << 20)
+        with open(path, "wb") as f:
+            for _ in range(int(gib * 1024)):
+                f.write(chunk)
+        os.unlink(path)
+        return gib
+
+    def describe(self):
+        return self.description
+
+    def close(self):
+        if self.saved is not None:
+            with open(self.PARAM, "w") as f:
+                f.write(self.saved)
+            self.saved = None

@@ -499,6 +499,7 @@ def main():
         "kernel": os.uname().release, "load_before": load_before, "load_after": load_after,
         "started": started.isoformat(timespec="seconds"), "finished": finished.isoformat(timespec="seconds"),
         "destination": dest_fs.describe(),
+        "page_reporting": dest_fs.reporting.describe(),
     }
     doc = {"mode": mode, "command": "bench/peers.py " + " ".join(sys.argv[1:]), "machine": mach,
            "versions": versions, "sizes": size, "repeat": a.repeat, "timeout": timeout, "tools": tools,
@@ -542,6 +543,7 @@ def render(doc):
         f"(run from {mach['started']} to {mach['finished']}).",
         f"Command: `{doc['command']}`; repeat {doc.get('repeat', 1)}, timeout {timeout:g}s per run; loopback, "
         f"tmpfs to tmpfs ({mach.get('destination', 'destination: a directory in /dev/shm')}).",
+        *([mach["page_reporting"] + "."] if "page_reporting" in mach else []),
         "Versions: " + "; ".join(f"{t}: {v}" for t, v in doc["versions"].items()) + ".",
         "",
         "Gbit/s and files/s use the harness's wall clock around each client (until the receiver has exited for "

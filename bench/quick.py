@@ -142,6 +142,7 @@ def main():
         f"Command: `bench/quick.py --seconds {a.seconds} --bytes {a.bytes} --repeat {a.repeat}`",
         "wanxfer defaults: 2 streams, 4 MiB blocks, depth 4, block CRC-32C and file XXH3-128 on.",
         f"Files go tmpfs to tmpfs; {dest_fs.describe()}.",
+        f"{dest_fs.reporting.describe()}.",
         "",
     ]
     text = "\n".join(header + lines) + "\n"
