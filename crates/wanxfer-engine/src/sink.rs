@@ -358,6 +358,7 @@ impl Sink {
         IoUse {
             mode: mode.to_string(),
             direct_bytes: self.direct_bytes.load(Ordering::Relaxed),
+            reread_bytes: self.reread_bytes(),
             fallback: self.io_fallback.get().cloned(),
         }
     }

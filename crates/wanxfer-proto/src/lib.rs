@@ -31,7 +31,7 @@ pub use path::{check_name, PathError, RelPath, MAX_NAME_BYTES, MAX_PATH_BYTES};
 
 /// The protocol version this build speaks. Bump it when a frame's meaning changes; new
 /// optional behaviour is negotiated with [`features`] bits instead.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Feature bits exchanged in [`Hello`]. A bit once used is never reused for something else:
 /// retired bits stay here as comments.

@@ -308,6 +308,8 @@ pub struct Stats {
     pub io_mode: Vec<u8>,
     /// Receiving: bytes written with `O_DIRECT`, bypassing the page cache.
     pub direct_bytes: u64,
+    /// Receiving: bytes read back from temporaries to verify files (version 3).
+    pub reread_bytes: u64,
     /// Why the side did less than its mode asked for; empty if it did not.
     pub io_fallback: Vec<u8>,
 }
@@ -439,6 +441,7 @@ impl Message {
                 e.u64(s.files);
                 e.bytes(&s.io_mode);
                 e.u64(s.direct_bytes);
+                e.u64(s.reread_bytes);
                 e.bytes(&s.io_fallback);
             }
             Message::ChannelAccepted { index } => e.u16(*index),
@@ -529,6 +532,7 @@ impl Message {
                 files: d.u64()?,
                 io_mode: d.bytes("I/O mode", MAX_IO_NOTE_BYTES)?.to_vec(),
                 direct_bytes: d.u64()?,
+                reread_bytes: d.u64()?,
                 io_fallback: d.bytes("I/O fallback", MAX_IO_NOTE_BYTES)?.to_vec(),
             }),
             16 => Message::ChannelAccepted { index: d.u16()? },

@@ -238,10 +238,22 @@ fn a_large_file_goes_both_ways_intact() {
     assert_eq!(json["streams"], 3);
     assert_eq!(json["transport"], "tcp");
     assert_eq!(node(&src), node(&site.root().join("big.bin")));
+    // The receiving side says how much it read back to verify; the sending side has
+    // nothing to say.
+    let reread_within_the_file = |v: &serde_json::Value| v.as_u64().is_some_and(|n| n <= 300 << 20);
+    assert!(reread_within_the_file(&json["peer_reread_bytes"]), "{json}");
+    assert!(json.get("reread_bytes").is_none(), "{json}");
 
     let back = site.path("back.bin");
-    cp([&site.server.url("big.bin"), back.as_os_str()]).assert_ok();
+    let pulled = cp([
+        OsStr::new("--json"),
+        &site.server.url("big.bin"),
+        back.as_os_str(),
+    ]);
+    let json = pulled.assert_ok().json();
     assert_eq!(node(&src), node(&back));
+    assert!(reread_within_the_file(&json["reread_bytes"]), "{json}");
+    assert!(json.get("peer_reread_bytes").is_none(), "{json}");
 
     // Blocks stream through a bounded pool: the file never sits in memory whole.
     let peak_kib = peak_rss_kib(site.server.pid());

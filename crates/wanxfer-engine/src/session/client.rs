@@ -202,6 +202,7 @@ fn peer_io_use(stats: &Stats) -> IoUse {
     IoUse {
         mode: text(&stats.io_mode),
         direct_bytes: stats.direct_bytes,
+        reread_bytes: stats.reread_bytes,
         fallback: (!stats.io_fallback.is_empty()).then(|| text(&stats.io_fallback)),
     }
 }

@@ -312,8 +312,8 @@ pub fn run_sender(core: &mut Core, source: &Source) -> Result<Outcome, Error> {
     result.map(|outcome| Outcome {
         io: IoUse {
             mode: core.params.io.name().to_string(),
-            direct_bytes: 0,
             fallback: core.progress.io_fallback.get().cloned(),
+            ..IoUse::default()
         },
         ..outcome
     })
@@ -552,10 +552,6 @@ pub fn run_receiver(core: &mut Core, sink: Arc<Sink>) -> Result<Outcome, Error> 
     for pending in sink.pending() {
         sink.abandon(pending);
     }
-    tracing::debug!(
-        bytes = sink.reread_bytes(),
-        "read back from temporaries to verify blocks that arrived early with no room to park"
-    );
     result.map(|outcome| Outcome {
         io: sink.io_use(),
         ..outcome
