@@ -13,13 +13,15 @@ use std::hint::black_box;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 
+use wanxfer_engine::digest::FileHasher;
+
 fn process_cpu_seconds() -> f64 {
     let cpu = wanxfer_engine::progress::process_cpu();
     (cpu.user_us + cpu.sys_us) as f64 / 1e6
 }
 
 /// The reader's checks over one block.
-fn check(block: &[u8], hasher: &mut xxhash_rust::xxh3::Xxh3) -> u32 {
+fn check(block: &[u8], hasher: &mut FileHasher) -> u32 {
     hasher.update(block);
     crc32c::crc32c(block)
 }
@@ -99,21 +101,21 @@ fn main() {
     for round in 1..=3 {
         println!("round {round}");
         measure("pread into a buffer", size, || {
-            let (mut buf, mut h) = (vec![0u8; block], xxhash_rust::xxh3::Xxh3::new());
+            let (mut buf, mut h) = (vec![0u8; block], FileHasher::new());
             blocks(size, block).fold(0, |acc, (o, n)| {
                 file.read_exact_at(&mut buf[..n], o).expect("pread");
                 acc ^ check(&buf[..n], &mut h)
             })
         });
         measure("mmap per block (MAP_POPULATE)", size, || {
-            let mut h = xxhash_rust::xxh3::Xxh3::new();
+            let mut h = FileHasher::new();
             blocks(size, block).fold(0, |acc, (o, n)| {
                 let map = Mapping::new(&file, o, n, libc::MAP_POPULATE);
                 acc ^ check(map.bytes(), &mut h)
             })
         });
         measure("mmap per block (faulted)", size, || {
-            let mut h = xxhash_rust::xxh3::Xxh3::new();
+            let mut h = FileHasher::new();
             blocks(size, block).fold(0, |acc, (o, n)| {
                 acc ^ check(Mapping::new(&file, o, n, 0).bytes(), &mut h)
             })
@@ -122,7 +124,7 @@ fn main() {
             let map = Mapping::new(&file, 0, size as usize, 0);
             // SAFETY: advice on the range just mapped.
             unsafe { libc::madvise(map.ptr, map.len, libc::MADV_SEQUENTIAL) };
-            let mut h = xxhash_rust::xxh3::Xxh3::new();
+            let mut h = FileHasher::new();
             let bytes = map.bytes();
             blocks(size, block).fold(0, |acc, (o, n)| {
                 acc ^ check(&bytes[o as usize..o as usize + n], &mut h)

@@ -354,7 +354,7 @@ pub struct TempFile {
 /// 255-byte final name still fits), and distinct per session so that two sessions writing
 /// the same name never share a temporary.
 pub fn temp_name(session_tag: u64, final_name: &[u8]) -> Vec<u8> {
-    let hash = xxhash_rust::xxh3::xxh3_64(final_name);
+    let hash = twox_hash::XxHash3_64::oneshot(final_name);
     format!(".wanxfer-{session_tag:016x}-{hash:016x}.part").into_bytes()
 }
 

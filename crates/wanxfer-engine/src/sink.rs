@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use wanxfer_proto::{Entry, EntryKind, RelPath, Segment};
-use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
+use crate::digest::{digest_of, FileHasher};
 use crate::fs::{self, DirCache, Kind, Root, TempFile, TempStrategy, WriteMode};
 use crate::pool::Block;
 use crate::progress::IoUse;
@@ -195,7 +195,7 @@ struct SlotState {
 /// 4 GiB file (2,136 of 4,096 MiB), and behind `O_DIRECT` that is a second trip to disk.
 #[derive(Default)]
 struct RunningDigest {
-    hasher: Xxh3,
+    hasher: FileHasher,
     upto: u64,
     /// Early blocks by file offset; each holds one pool buffer.
     parked: BTreeMap<u64, Parked>,
@@ -665,7 +665,7 @@ impl Sink {
         state.digest = Some(seg.digest);
         let whole = seg.offset == 0 && u64::from(seg.len) == slot.size;
         if whole && self.verify_digest {
-            if xxh3_128(data).to_le_bytes() != seg.digest {
+            if digest_of(data) != seg.digest {
                 return Ok(false);
             }
             state.verified = true;
@@ -781,7 +781,7 @@ impl Sink {
                 (true, false) => {
                     let running = state.running.get_or_insert_with(Box::default);
                     debug_assert_eq!(running.upto, slot.size);
-                    Some(running.hasher.digest128().to_le_bytes())
+                    Some(running.hasher.digest())
                 }
             };
             (state.temp.take(), computed)
@@ -897,7 +897,7 @@ mod tests {
             let sink = sink_parking(dir.path(), max_parked);
             let data: Vec<u8> = (0..12 * 4096 - 100u32).map(|i| (i * 13 % 253) as u8).collect();
             sink.apply_entry(0, &entry("f", data.len() as u64)).unwrap();
-            let out = feed(&sink, &data, 4096, &order, xxh3_128(&data).to_le_bytes());
+            let out = feed(&sink, &data, 4096, &order, digest_of(&data));
             prop_assert!(matches!(out.as_slice(), [Resolution::Done { id: 0, .. }]), "{:?}", out);
             prop_assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
             prop_assert_eq!(sink.parked_blocks.load(Ordering::Relaxed), 0);
@@ -1018,7 +1018,7 @@ mod tests {
             .apply_entry(0, &entry("f", data.len() as u64))
             .unwrap()
             .is_none());
-        let digest = xxh3_128(&data).to_le_bytes();
+        let digest = digest_of(&data);
         let out = feed(
             &sink,
             &data,
@@ -1078,7 +1078,7 @@ mod tests {
         let sink = sink_in(dir.path());
         let data = vec![3u8; 5000];
         sink.apply_entry(0, &entry("f", data.len() as u64)).unwrap();
-        let digest = xxh3_128(&data).to_le_bytes();
+        let digest = digest_of(&data);
         let out = feed(&sink, &data, 8192, &[0], digest);
         assert!(
             matches!(out.as_slice(), [Resolution::Done { id: 0, .. }]),
@@ -1179,9 +1179,9 @@ mod tests {
         let (mut out, mut scratch) = (Vec::new(), Vec::new());
         for (id, data, digest) in [
             (0, &bad, [0xee; 16]),
-            (1, &good, xxh3_128(&good).to_le_bytes()),
+            (1, &good, digest_of(&good)),
             // Late data for the failed file is dropped, not refused.
-            (0, &bad, xxh3_128(&bad).to_le_bytes()),
+            (0, &bad, digest_of(&bad)),
         ] {
             let block = one_segment_block(&pool, id, 0, data, Some(digest));
             sink.place_block(block, &mut scratch, &mut out).unwrap();

@@ -24,8 +24,8 @@ use std::sync::Arc;
 use crossbeam_channel::Sender;
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use wanxfer_proto::{BlockHeader, Entry, EntryKind, RelPath, Segment, MAX_SEGMENTS};
-use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
+use crate::digest::{digest_of, FileHasher};
 use crate::fs::{self, Kind, Meta, Root};
 use crate::pool::{recv_or_cancel, Block, Cancel, FileRange, Pool};
 use crate::Error;
@@ -591,7 +591,7 @@ impl Reader {
         let zero_copy = self.cfg.io == IoMode::Sendfile && file.is_some();
         // With nothing to checksum, a zero-copy block never passes through user space.
         let must_read = !zero_copy || self.cfg.block_crc || self.cfg.file_digest;
-        let mut hasher = Xxh3::new();
+        let mut hasher = FileHasher::new();
         let mut offset = 0u64;
         while offset < job.size {
             let mut block = self.pool.take(&self.cancel)?;
@@ -624,7 +624,7 @@ impl Reader {
             if last {
                 seg.flags = Segment::FLAG_LAST;
                 if self.cfg.file_digest {
-                    seg.digest = hasher.digest128().to_le_bytes();
+                    seg.digest = hasher.digest();
                 }
             }
             block.segments.push(seg);
@@ -649,7 +649,7 @@ impl Reader {
                 continue;
             }
             let digest = if self.cfg.file_digest {
-                xxh3_128(block.slice(pos, size)).to_le_bytes()
+                digest_of(block.slice(pos, size))
             } else {
                 [0; 16]
             };
