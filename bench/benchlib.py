@@ -323,13 +323,20 @@ class DestTmpfs:
             why = ": mounting huge=within_size needs root"
         self.description = ("destination: a tmpfs of its own mounted with huge=within_size" if self.mounted
                             else f"destination: a directory in /dev/shm (plain tmpfs{why})")
-        self.reporting = HostPageReporting(self.path, warm_gib)
+        try:
+            self.reporting = HostPageReporting(self.path, warm_gib)
+        except BaseException:
+            self._unmount()
+            raise
 
     def describe(self):
         return self.description
 
     def close(self):
         self.reporting.close()
+        self._unmount()
+
+    def _unmount(self):
         if self.mounted:
             subprocess.run(["umount", "-l", self.path], capture_output=True)
             self.mounted = False
@@ -369,7 +376,12 @@ class HostPageReporting:
             self.description = (f"Host page reporting: ACTIVE ({e.strerror}); runs after an idle pause "
                                 "pay host faults of about 3 CPU s per GiB written")
             return
-        warmed = self._warm(warm_dir, warm_gib)
+        try:
+            warmed = self._warm(warm_dir, warm_gib)
+        except BaseException:
+            # Ctrl-C or a full disk before the caller holds this object: restore now.
+            self.close()
+            raise
         self.description = (f"Host page reporting: paused during the runs (page_reporting_order "
                              f"{saved} -> {self.NEVER}, restored after); {warmed:.1f} GiB of free memory "
                              "faulted back in first")
@@ -383,10 +395,12 @@ class HostPageReporting:
         gib = min(warm_gib, avail_kib / 2**20 / 2)
         path = os.path.join(warm_dir, "page-reporting-warmup")
         chunk = b"\0" * (1 << 20)
-        with open(path, "wb") as f:
-            for _ in range(int(gib * 1024)):
-                f.write(chunk)
-        os.unlink(path)
+        try:
+            with open(path, "wb") as f:
+                for _ in range(int(gib * 1024)):
+                    f.write(chunk)
+        finally:
+            os.unlink(path)
         return gib
 
     def describe(self):

@@ -1,11 +1,11 @@
 //! The per-file digest that the protocol carries: XXH3-128 of the file's bytes, sent
 //! little-endian in the last segment of a file.
 //!
-//! Both ends hash every byte of every file, so this is the engine's second-largest cost per
-//! byte after the copies. `twox-hash` picks its AVX2 loop at run time where the CPU has it,
-//! so one portable binary gets it: 44 GB/s on the benchmark machine, against 23 GB/s for
-//! the SSE2 loop that a crate choosing at compile time gives every default x86-64 build
-//! (`cargo run --release -p wanxfer-engine --example checksum_cost`).
+//! Both ends hash every byte of every file. `twox-hash` picks its AVX2 loop at run time
+//! where the CPU has it, so one portable binary gets it: 34-44 GB/s over a block in cache
+//! on the benchmark machine, against 17-23 GB/s for the SSE2 loop that a crate choosing at
+//! compile time gives every default x86-64 build (`cargo run --release -p wanxfer-engine
+//! --example checksum_cost`). Over data coming from memory both run at memory speed.
 
 use twox_hash::XxHash3_128;
 

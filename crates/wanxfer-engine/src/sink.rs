@@ -3,9 +3,9 @@
 //! Blocks arrive on any channel in any order, so a file is finished not when "its last
 //! block" arrives but when its [`Coverage`] is complete and the sender's digest for it is
 //! known. Then the writer verifies (from the buffer when one segment held the whole file,
-//! otherwise against the digest advanced as its blocks came: see [`RunningDigest`]), applies
-//! mode and mtime, and renames it into place. A file whose bytes do not match its digest fails alone, however many segments
-//! it came in: the cause (a source file that changed while it was read, a bad bit in one
+//! otherwise against the digest advanced as its blocks came: see [`RunningDigest`]),
+//! applies mode and mtime, and renames it into place. A file whose bytes do not match its
+//! digest fails alone, however many segments it came in: the cause (a source file that changed while it was read, a bad bit in one
 //! buffer) says nothing about the other files, so they still land and only that file is
 //! reported. Everything the peer says is checked against the manifest and local limits
 //! first: unknown ids, ranges past the announced size, overlapping data, or more files in
