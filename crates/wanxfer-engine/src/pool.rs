@@ -204,8 +204,11 @@ pub struct BlockBuf {
     /// The encoded header and segment table (sender side).
     pub header: Vec<u8>,
     pub segments: Vec<Segment>,
-    /// Receiver side: the payload failed its checksum; its files must not be written.
-    pub damaged: bool,
+    /// Receiver side, per segment: its bytes failed their check, so its file must not be
+    /// written. Empty when nothing failed.
+    pub damaged: Vec<bool>,
+    /// Receiver side: the segments' digests were checked (the sender sent them).
+    pub digests_checked: bool,
     /// Sender side, zero-copy: the payload is `len` bytes of a file, to be sent from the
     /// page cache.
     pub file_range: Option<FileRange>,
@@ -237,6 +240,16 @@ impl BlockBuf {
     pub fn space(&mut self) -> &mut [u8] {
         let start = self.start;
         &mut self.data.bytes_mut()[start..]
+    }
+    /// The segment table and the buffer from the payload's start, to fill and check the
+    /// payload piece by piece against the table.
+    pub fn segments_and_space(&mut self) -> (&[Segment], &mut [u8]) {
+        let start = self.start;
+        (&self.segments, &mut self.data.bytes_mut()[start..])
+    }
+    /// Whether segment `index` failed its check.
+    pub fn is_damaged(&self, index: usize) -> bool {
+        self.damaged.get(index).copied().unwrap_or(false)
     }
     /// Bytes of one segment, by its position from the payload's start (also while the
     /// payload is being assembled, before `len` is set).
@@ -280,7 +293,8 @@ impl Drop for Block {
             buf.len = 0;
             buf.start = 0;
             buf.segments.clear();
-            buf.damaged = false;
+            buf.damaged.clear();
+            buf.digests_checked = false;
             buf.file_range = None;
             // The pool outlives every loan unless the session is being torn down, in
             // which case the buffer is simply freed.
@@ -324,7 +338,8 @@ impl Pool {
                 len: 0,
                 header: Vec::with_capacity(wanxfer_proto::BlockHeader::encoded_len(64)),
                 segments: Vec::new(),
-                damaged: false,
+                damaged: Vec::new(),
+                digests_checked: false,
                 file_range: None,
             });
             // The channel holds exactly as many buffers as were made.

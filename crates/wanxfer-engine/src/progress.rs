@@ -35,10 +35,6 @@ pub struct IoUse {
     pub mode: String,
     /// Receiving: bytes written with `O_DIRECT`.
     pub direct_bytes: u64,
-    /// Receiving: bytes read back from temporaries because blocks arrived ahead of their
-    /// file's digest with no room to park them. On a disk written with `O_DIRECT` each is
-    /// a second trip to the device.
-    pub reread_bytes: u64,
     /// The first thing that made this side do less than its mode asked for: a file
     /// system refusing `sendfile` or `O_DIRECT`, say. Later ones are usually the same.
     pub fallback: Option<String>,

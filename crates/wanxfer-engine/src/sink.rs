@@ -1,13 +1,13 @@
 //! The front end of the receiving side: where each entry lands and when a file is done.
 //!
 //! Blocks arrive on any channel in any order, so a file is finished not when "its last
-//! block" arrives but when its [`Coverage`] is complete and the sender's digest for it is
-//! known. Then the writer verifies (from the buffer when one segment held the whole file,
-//! otherwise against the digest advanced as its blocks came: see [`RunningDigest`]),
-//! applies mode and mtime, and renames it into place. A file whose bytes do not match its
-//! digest fails alone, however many segments it came in: the cause (a source file that changed while it was read, a bad bit in one
-//! buffer) says nothing about the other files, so they still land and only that file is
-//! reported. Everything the peer says is checked against the manifest and local limits
+//! block" arrives but when its [`Coverage`] is complete. Every segment was checked against
+//! its digest by the channel as it arrived (`digest::PayloadVerifier`), before a byte of it
+//! is written here, so a complete file is a verified one whatever order its chunks came
+//! in: the writer applies mode and mtime and renames it into place, and nothing is ever
+//! read back. A segment that failed its check fails its file alone: the cause (a source
+//! file that changed while it was read, a bad bit in one buffer) says nothing about the
+//! other files, so they still land and only that file is reported. Everything the peer says is checked against the manifest and local limits
 //! first: unknown ids, ranges past the announced size, overlapping data, or more files in
 //! progress than we allow end the session with a protocol or limit error, never a panic.
 //!
@@ -16,13 +16,11 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::AsFd;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use wanxfer_proto::{Entry, EntryKind, RelPath, Segment};
 
-use crate::digest::{digest_of, FileHasher};
 use crate::fs::{self, DirCache, Kind, Root, TempFile, TempStrategy, WriteMode};
 use crate::pool::Block;
 use crate::progress::IoUse;
@@ -142,14 +140,6 @@ impl Coverage {
     pub fn is_complete(&self, size: u64) -> bool {
         self.bytes == size
     }
-
-    /// The end of the received run that contains `pos`, if `pos` has been received.
-    pub fn end_of_run(&self, pos: u64) -> Option<u64> {
-        self.ranges
-            .range(..=pos)
-            .next_back()
-            .and_then(|(_, &end)| (end > pos).then_some(end))
-    }
 }
 
 /// A file the receiver has finished with, either way.
@@ -173,92 +163,10 @@ struct Slot {
 struct SlotState {
     temp: Option<Arc<TempFile>>,
     coverage: Coverage,
-    digest: Option<[u8; 16]>,
-    /// Set when one segment held the whole file and its digest was checked from memory.
-    verified: bool,
-    /// Only for files that arrive in pieces: a hasher is half a kilobyte, and a slot is
-    /// held for every announced file (65,536 of them with the default window).
-    running: Option<Box<RunningDigest>>,
     /// The file failed while another writer still held its slot: that writer must not
     /// open a temporary for it (which would count against the open-file limit forever)
     /// nor record its data.
     abandoned: bool,
-}
-
-/// The digest of a file's first `upto` bytes, advanced as data arrives.
-///
-/// Data that arrives in order is hashed straight from the block buffer. A block that
-/// arrives early (another channel, or another writer, has the one before it) is written
-/// and then parked here, buffer and all, until the gap before it fills, and hashed from
-/// memory then; only when too many blocks are parked already is an early stretch hashed by
-/// reading it back from the file. Without parking, two streams into tmpfs re-read half of a
-/// 4 GiB file (2,136 of 4,096 MiB), and behind `O_DIRECT` that is a second trip to disk.
-#[derive(Default)]
-struct RunningDigest {
-    hasher: FileHasher,
-    upto: u64,
-    /// Early blocks by file offset; each holds one pool buffer.
-    parked: BTreeMap<u64, Parked>,
-}
-
-impl std::fmt::Debug for RunningDigest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RunningDigest")
-            .field("upto", &self.upto)
-            .field("parked", &self.parked.keys().collect::<Vec<_>>())
-            .finish()
-    }
-}
-
-/// A received block kept for the digest; counted against the sink's parking limit until
-/// dropped, when its buffer returns to the pool (or its slot to the peer).
-struct Parked {
-    block: Block,
-    count: Arc<AtomicUsize>,
-}
-
-impl Drop for Parked {
-    fn drop(&mut self) {
-        self.count.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-impl RunningDigest {
-    /// Hashes `data` if it starts at the frontier, then whatever follows it that has been
-    /// received: parked blocks from memory, the rest read back from `file`. Returns the
-    /// bytes read back.
-    fn advance(
-        &mut self,
-        offset: u64,
-        data: &[u8],
-        coverage: &Coverage,
-        file: &std::fs::File,
-        scratch: &mut Vec<u8>,
-    ) -> std::io::Result<u64> {
-        if offset == self.upto {
-            self.hasher.update(data);
-            self.upto += data.len() as u64;
-        }
-        let mut reread = 0;
-        while let Some(end) = coverage.end_of_run(self.upto) {
-            if let Some(parked) = self.parked.remove(&self.upto) {
-                self.hasher.update(parked.block.payload());
-                self.upto += parked.block.len as u64;
-                continue;
-            }
-            let next_parked = self.parked.range(self.upto..end).next().map(|(&o, _)| o);
-            let stop = next_parked.unwrap_or(end);
-            scratch.resize(1 << 20, 0);
-            while self.upto < stop {
-                let n = (stop - self.upto).min(scratch.len() as u64) as usize;
-                file.read_exact_at(&mut scratch[..n], self.upto)?;
-                self.hasher.update(&scratch[..n]);
-                self.upto += n as u64;
-                reread += n as u64;
-            }
-        }
-        Ok(reread)
-    }
 }
 
 #[derive(Debug)]
@@ -274,10 +182,6 @@ struct DirMeta {
 pub struct SinkLimits {
     pub max_open_files: usize,
     pub write: WriteMode,
-    /// Early blocks kept in memory for the digest (see [`RunningDigest`]). Parked blocks
-    /// hold buffers the receiving channels need, so this stays below what a channel's pool
-    /// (or RDMA slot arena) lends: the block that fills the gap must still find a buffer.
-    pub max_parked_blocks: usize,
 }
 
 impl Default for SinkLimits {
@@ -285,7 +189,6 @@ impl Default for SinkLimits {
         SinkLimits {
             max_open_files: 512,
             write: WriteMode::Auto,
-            max_parked_blocks: 4,
         }
     }
 }
@@ -296,7 +199,8 @@ pub struct Sink {
     target: Option<(Root, Placement)>,
     peer: String,
     session_tag: u64,
-    verify_digest: bool,
+    /// The session's segments carry digests: a block without them is refused.
+    require_digests: bool,
     limits: SinkLimits,
     /// Files of more than one block bypass the page cache (see [`WriteMode`]).
     direct: bool,
@@ -309,9 +213,6 @@ pub struct Sink {
     /// Bytes written with `O_DIRECT`, and the first reason files were not, for the report.
     direct_bytes: AtomicU64,
     io_fallback: OnceLock<String>,
-    parked_blocks: Arc<AtomicUsize>,
-    /// Bytes read back from temporaries to advance a digest.
-    reread_bytes: AtomicU64,
 }
 
 impl Sink {
@@ -320,11 +221,9 @@ impl Sink {
         target: Option<(Root, Placement)>,
         peer: String,
         session_tag: u64,
-        verify_digest: bool,
+        require_digests: bool,
         limits: SinkLimits,
     ) -> Sink {
-        // Discarded data has nothing to verify against after the fact.
-        let verify_digest = verify_digest && target.is_some();
         let direct = target
             .as_ref()
             .is_some_and(|(root, _)| limits.write.is_direct_beneath(root.fd()));
@@ -332,7 +231,7 @@ impl Sink {
             target,
             peer,
             session_tag,
-            verify_digest,
+            require_digests,
             limits,
             direct,
             slots: Mutex::default(),
@@ -343,8 +242,6 @@ impl Sink {
             open_files: AtomicUsize::new(0),
             direct_bytes: AtomicU64::new(0),
             io_fallback: OnceLock::new(),
-            parked_blocks: Arc::default(),
-            reread_bytes: AtomicU64::new(0),
         }
     }
 
@@ -358,7 +255,6 @@ impl Sink {
         IoUse {
             mode: mode.to_string(),
             direct_bytes: self.direct_bytes.load(Ordering::Relaxed),
-            reread_bytes: self.reread_bytes(),
             fallback: self.io_fallback.get().cloned(),
         }
     }
@@ -492,71 +388,35 @@ impl Sink {
         if let Some(slot) = self.slots.lock().expect("no panics while held").remove(&id) {
             let mut state = slot.state.lock().expect("no panics while held");
             state.abandoned = true;
-            state.running = None;
             if state.temp.take().is_some() {
                 self.open_files.fetch_sub(1, Ordering::Relaxed);
             }
         }
     }
 
-    /// Places every segment of a received block. Per-file failures come back as
-    /// resolutions; `Err` ends the session. A chunk that arrived ahead of its file's
-    /// digest is kept (see [`RunningDigest`]); any other block is dropped here.
-    pub fn place_block(
-        &self,
-        block: Block,
-        scratch: &mut Vec<u8>,
-        out: &mut Vec<Resolution>,
-    ) -> Result<(), Error> {
+    /// Places every segment of a received block; a segment that failed its check on
+    /// arrival fails its file. Per-file failures come back as resolutions; `Err` ends the
+    /// session.
+    pub fn place_block(&self, block: Block, out: &mut Vec<Resolution>) -> Result<(), Error> {
+        if self.require_digests && !block.digests_checked {
+            return Err(Error::protocol(
+                &self.peer,
+                "a block without the segment digests this session agreed on",
+            ));
+        }
         let mut pos = 0usize;
-        for seg in &block.segments {
+        for (index, seg) in block.segments.iter().enumerate() {
             let data = block.slice(pos, seg.len as usize);
             pos += seg.len as usize;
-            if block.damaged {
+            if block.is_damaged(index) {
                 self.fail_damaged(seg, out)?;
                 continue;
             }
-            if let Some(done) = self.place_segment(seg, data, scratch)? {
+            if let Some(done) = self.place_segment(seg, data)? {
                 out.push(done);
             }
         }
-        if let [seg] = block.segments[..] {
-            if !block.damaged && self.verify_digest {
-                self.park_if_early(&seg, block);
-            }
-        }
         Ok(())
-    }
-
-    /// Keeps a chunk its file's digest has not reached yet, within the parking limit, so
-    /// that it is hashed from memory when the gap before it fills instead of read back.
-    fn park_if_early(&self, seg: &Segment, block: Block) {
-        let Some(slot) = self.slot(seg.file_id) else {
-            return;
-        };
-        let mut state = slot.state.lock().expect("no panics while held");
-        let Some(running) = state.running.as_mut() else {
-            return;
-        };
-        if running.upto > seg.offset {
-            return;
-        }
-        let limit = self.limits.max_parked_blocks;
-        let taken = self
-            .parked_blocks
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < limit).then_some(n + 1)
-            });
-        if taken.is_ok() {
-            let count = self.parked_blocks.clone();
-            running.parked.insert(seg.offset, Parked { block, count });
-        }
-    }
-
-    /// Bytes read back from temporaries to verify files whose blocks arrived out of order
-    /// with nowhere to park them.
-    pub fn reread_bytes(&self) -> u64 {
-        self.reread_bytes.load(Ordering::Relaxed)
     }
 
     fn fail_damaged(&self, seg: &Segment, out: &mut Vec<Resolution>) -> Result<(), Error> {
@@ -569,7 +429,10 @@ impl Sink {
             error: Error::Integrity {
                 path: self.show(&slot.dest),
                 offset: seg.offset,
-                detail: format!("block checksum mismatch on data from {}", self.peer),
+                detail: format!(
+                    "{} bytes from {} do not match the checksum sent with them",
+                    seg.len, self.peer
+                ),
             },
         });
         Ok(())
@@ -604,12 +467,7 @@ impl Sink {
         ))
     }
 
-    fn place_segment(
-        &self,
-        seg: &Segment,
-        data: &[u8],
-        scratch: &mut Vec<u8>,
-    ) -> Result<Option<Resolution>, Error> {
+    fn place_segment(&self, seg: &Segment, data: &[u8]) -> Result<Option<Resolution>, Error> {
         let Some(slot) = self.pending_slot(seg.file_id)? else {
             return Ok(None);
         };
@@ -623,9 +481,6 @@ impl Sink {
                     slot.size
                 ),
             ));
-        }
-        if seg.is_last() && !self.take_digest(seg, &slot, data)? {
-            return self.fail_or_abort(seg.file_id, self.digest_mismatch(&slot));
         }
         // A file that cannot be created here (permissions, a name the file system
         // refuses) fails alone; a full disk or a peer past its limits ends the session.
@@ -643,34 +498,7 @@ impl Sink {
             }
         }
         drop(temp);
-        self.record(seg, data, &slot, scratch)
-    }
-
-    /// Keeps the digest a file's last segment carries. `Ok(false)` when that segment is
-    /// the whole file and its bytes do not match: checked from the buffer before anything
-    /// is created, so the file fails without touching the disk.
-    fn take_digest(&self, seg: &Segment, slot: &Slot, data: &[u8]) -> Result<bool, Error> {
-        let mut state = slot.state.lock().expect("no panics while held");
-        if state.digest.is_some_and(|d| d != seg.digest) {
-            // Not damage in transit (the segment table is under the header checksum): a
-            // sender that contradicts itself cannot be trusted with the other files.
-            return Err(Error::protocol(
-                &self.peer,
-                format!(
-                    "{}: two different digests for one file",
-                    self.show(&slot.dest)
-                ),
-            ));
-        }
-        state.digest = Some(seg.digest);
-        let whole = seg.offset == 0 && u64::from(seg.len) == slot.size;
-        if whole && self.verify_digest {
-            if digest_of(data) != seg.digest {
-                return Ok(false);
-            }
-            state.verified = true;
-        }
-        Ok(true)
+        self.record(seg, &slot)
     }
 
     /// Opens the file's temporary on first use.
@@ -721,14 +549,6 @@ impl Sink {
         Ok(state.temp.clone())
     }
 
-    fn digest_mismatch(&self, slot: &Slot) -> Error {
-        Error::Integrity {
-            path: self.show(&slot.dest),
-            offset: 0,
-            detail: format!("file digest differs from the one {} sent", self.peer),
-        }
-    }
-
     fn fail_or_abort(&self, id: u64, error: Error) -> Result<Option<Resolution>, Error> {
         self.abandon(id);
         if is_fatal(&error) {
@@ -738,18 +558,11 @@ impl Sink {
         }
     }
 
-    /// Records the range and, if the file is now complete, verifies and commits it.
-    fn record(
-        &self,
-        seg: &Segment,
-        data: &[u8],
-        slot: &Arc<Slot>,
-        scratch: &mut Vec<u8>,
-    ) -> Result<Option<Resolution>, Error> {
+    /// Records the range and, if the file is now complete, commits it.
+    fn record(&self, seg: &Segment, slot: &Arc<Slot>) -> Result<Option<Resolution>, Error> {
         let id = seg.file_id;
-        let (temp, computed) = {
-            let mut guard = slot.state.lock().expect("no panics while held");
-            let state = &mut *guard;
+        let temp = {
+            let mut state = slot.state.lock().expect("no panics while held");
             if state.abandoned {
                 return Ok(None);
             }
@@ -757,34 +570,10 @@ impl Sink {
             state.coverage.add(seg.offset, end).map_err(|e| {
                 Error::protocol(&self.peer, format!("{}: {e}", self.show(&slot.dest)))
             })?;
-            if let (true, false, Some(temp)) = (self.verify_digest, state.verified, &state.temp) {
-                let running = state.running.get_or_insert_with(Box::default);
-                match running.advance(seg.offset, data, &state.coverage, &temp.file, scratch) {
-                    Ok(reread) => {
-                        self.reread_bytes.fetch_add(reread, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        drop(guard);
-                        let what = "re-read for verification";
-                        let error = Error::local(what, self.show(&slot.dest), e);
-                        return self.fail_or_abort(id, error);
-                    }
-                }
-            }
-            let digest_known = state.digest.is_some() || !self.verify_digest;
-            if !(state.coverage.is_complete(slot.size) && digest_known) {
+            if !state.coverage.is_complete(slot.size) {
                 return Ok(None);
             }
-            let computed = match (self.verify_digest, state.verified) {
-                (false, _) => None,
-                (true, true) => state.digest,
-                (true, false) => {
-                    let running = state.running.get_or_insert_with(Box::default);
-                    debug_assert_eq!(running.upto, slot.size);
-                    Some(running.hasher.digest())
-                }
-            };
-            (state.temp.take(), computed)
+            state.temp.take()
         };
         self.slots.lock().expect("no panics while held").remove(&id);
         let Some(temp) = temp else {
@@ -797,28 +586,16 @@ impl Sink {
         self.open_files.fetch_sub(1, Ordering::Relaxed);
         // Every writer drops its clone before recording its range, so we are the last.
         let temp = Arc::try_unwrap(temp).expect("no other writer holds a complete file");
-        let expected = slot.state.lock().expect("no panics while held").digest;
-        match self.finish_file(slot, temp, expected, computed) {
+        let committed = temp
+            .commit(slot.mode, slot.mtime_sec, slot.mtime_nsec)
+            .map_err(|e| Error::local("rename into place", self.show(&slot.dest), e));
+        match committed {
             Ok(()) => Ok(Some(Resolution::Done {
                 id,
                 bytes: slot.size,
             })),
             Err(e) => self.fail_or_abort(id, e),
         }
-    }
-
-    fn finish_file(
-        &self,
-        slot: &Slot,
-        temp: TempFile,
-        expected: Option<[u8; 16]>,
-        computed: Option<[u8; 16]>,
-    ) -> Result<(), Error> {
-        if self.verify_digest && computed != expected {
-            return Err(self.digest_mismatch(slot));
-        }
-        temp.commit(slot.mode, slot.mtime_sec, slot.mtime_nsec)
-            .map_err(|e| Error::local("rename into place", self.show(&slot.dest), e))
     }
 
     /// Ids still waiting for data.
@@ -868,6 +645,7 @@ fn is_fatal(e: &Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::digest::{digest_of, PayloadVerifier};
     use proptest::prelude::*;
 
     #[test]
@@ -886,31 +664,18 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
 
-        /// Whatever the arrival order and however few blocks may be parked, a file lands
-        /// intact and verified; with room to park every early block, nothing is re-read.
+        /// Whatever the arrival order, a file whose chunks all check out lands intact.
         #[test]
-        fn any_arrival_order_verifies_whatever_may_be_parked(
+        fn any_arrival_order_lands_intact(
             order in Just((0..12usize).collect::<Vec<_>>()).prop_shuffle(),
-            max_parked in 0usize..5,
         ) {
             let dir = tempfile::tempdir().unwrap();
-            let sink = sink_parking(dir.path(), max_parked);
+            let sink = sink_in(dir.path());
             let data: Vec<u8> = (0..12 * 4096 - 100u32).map(|i| (i * 13 % 253) as u8).collect();
             sink.apply_entry(0, &entry("f", data.len() as u64)).unwrap();
-            let out = feed(&sink, &data, 4096, &order, digest_of(&data));
+            let out = feed(&sink, &data, 4096, &order, None);
             prop_assert!(matches!(out.as_slice(), [Resolution::Done { id: 0, .. }]), "{:?}", out);
             prop_assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
-            prop_assert_eq!(sink.parked_blocks.load(Ordering::Relaxed), 0);
-            let most_early = (0..order.len())
-                .map(|k| {
-                    let frontier = (0..).find(|c| !order[..k].contains(c)).unwrap();
-                    order[..k].iter().filter(|&&c| c > frontier).count()
-                })
-                .max()
-                .unwrap();
-            if most_early <= max_parked {
-                prop_assert_eq!(sink.reread_bytes(), 0);
-            }
         }
 
         #[test]
@@ -946,37 +711,41 @@ mod tests {
         }
     }
 
-    /// Feeds `data` to `sink` as file 0 in chunks of `chunk` bytes, in `order`, from a
-    /// pool one buffer larger than the sink may park (as a session's pool is).
+    /// Feeds `data` to `sink` as file 0 in chunks of `chunk` bytes, in `order`, each
+    /// with its digest except chunk `wrong`, whose digest does not match.
     fn feed(
         sink: &Sink,
         data: &[u8],
         chunk: usize,
         order: &[usize],
-        digest: [u8; 16],
+        wrong: Option<usize>,
     ) -> Vec<Resolution> {
-        let pool = crate::pool::Pool::new(sink.limits.max_parked_blocks + 1, chunk);
+        let pool = crate::pool::Pool::new(1, chunk);
         let mut out = Vec::new();
-        let mut scratch = Vec::new();
         let chunks = data.len().div_ceil(chunk);
         for &i in order {
             let start = i * chunk;
-            let len = chunk.min(data.len() - start);
-            let last = (i + 1 == chunks).then_some(digest);
-            let block = one_segment_block(&pool, 0, start as u64, &data[start..start + len], last);
-            sink.place_block(block, &mut scratch, &mut out).unwrap();
+            let bytes = &data[start..start + chunk.min(data.len() - start)];
+            let digest = if wrong == Some(i) {
+                [0xee; 16]
+            } else {
+                digest_of(bytes)
+            };
+            let block = received(&pool, 0, start as u64, bytes, digest, i + 1 == chunks);
+            sink.place_block(block, &mut out).unwrap();
         }
         out
     }
 
-    /// A block holding `data` as one segment of file `id` at `offset`; with `digest`, the
-    /// file's last segment.
-    fn one_segment_block(
+    /// A block holding `data` as one segment of file `id` at `offset` carrying `digest`,
+    /// checked as a channel checks what it receives.
+    fn received(
         pool: &crate::pool::Pool,
         id: u64,
         offset: u64,
         data: &[u8],
-        digest: Option<[u8; 16]>,
+        digest: [u8; 16],
+        last: bool,
     ) -> Block {
         let mut block = pool.take(&crate::pool::Cancel::default()).unwrap();
         block.space()[..data.len()].copy_from_slice(data);
@@ -985,32 +754,31 @@ mod tests {
             file_id: id,
             offset,
             len: data.len() as u32,
-            flags: if digest.is_some() {
-                Segment::FLAG_LAST
-            } else {
-                0
-            },
-            digest: digest.unwrap_or_default(),
+            flags: if last { Segment::FLAG_LAST } else { 0 },
+            digest,
         });
+        let header = wanxfer_proto::BlockHeader {
+            flags: wanxfer_proto::BlockHeader::FLAG_SEGMENT_DIGESTS,
+            segment_count: 1,
+            payload_len: data.len() as u32,
+            ..Default::default()
+        };
+        let mut check = PayloadVerifier::new(&header, &block.segments);
+        check.update(&block.segments, block.payload());
+        block.damaged = check.finish(&block.segments);
+        block.digests_checked = true;
         block
     }
 
     fn sink_in(dir: &std::path::Path) -> Sink {
-        sink_parking(dir, SinkLimits::default().max_parked_blocks)
-    }
-
-    fn sink_parking(dir: &std::path::Path, max_parked_blocks: usize) -> Sink {
         let root = Root::open(dir).unwrap();
         let placement = Placement::resolve(&root, &RelPath::root(), 1).unwrap();
-        let limits = SinkLimits {
-            max_parked_blocks,
-            ..SinkLimits::default()
-        };
+        let limits = SinkLimits::default();
         Sink::new(Some((root, placement)), "test peer".into(), 9, true, limits)
     }
 
     #[test]
-    fn out_of_order_blocks_verify_and_land_with_metadata() {
+    fn out_of_order_blocks_land_with_metadata() {
         let dir = tempfile::tempdir().unwrap();
         let sink = sink_in(dir.path());
         let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
@@ -1018,7 +786,6 @@ mod tests {
             .apply_entry(0, &entry("f", data.len() as u64))
             .unwrap()
             .is_none());
-        let digest = digest_of(&data);
         let out = feed(
             &sink,
             &data,
@@ -1027,7 +794,7 @@ mod tests {
                 3, 1, 0, 2, 24, 5, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
                 22, 23,
             ],
-            digest,
+            None,
         );
         assert!(
             matches!(out.as_slice(), [Resolution::Done { id: 0, .. }]),
@@ -1035,8 +802,6 @@ mod tests {
         );
         let path = dir.path().join("f");
         assert_eq!(std::fs::read(&path).unwrap(), data);
-        // Never more than two early blocks at once: all hashed from memory.
-        assert_eq!(sink.reread_bytes(), 0);
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!(
             std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
@@ -1046,8 +811,8 @@ mod tests {
         assert_eq!(std::os::unix::fs::MetadataExt::mtime_nsec(&meta), 5);
     }
 
-    /// Guards the memory-to-memory path: a discarding sink has no digest to check and must
-    /// complete a many-block stream on coverage alone (a debug assertion fired here once).
+    /// Guards the memory-to-memory path: a discarding sink completes a many-block stream
+    /// on coverage.
     #[test]
     fn discarding_completes_on_coverage_alone() {
         let sink = Sink::new(None, "test peer".into(), 9, true, SinkLimits::default());
@@ -1056,7 +821,7 @@ mod tests {
             .apply_entry(0, &entry("synthetic", data.len() as u64))
             .unwrap()
             .is_none());
-        let out = feed(&sink, &data, 4096, &[1, 0, 4, 2, 3], [0; 16]);
+        let out = feed(&sink, &data, 4096, &[1, 0, 4, 2, 3], None);
         assert!(
             matches!(
                 out.as_slice(),
@@ -1078,8 +843,7 @@ mod tests {
         let sink = sink_in(dir.path());
         let data = vec![3u8; 5000];
         sink.apply_entry(0, &entry("f", data.len() as u64)).unwrap();
-        let digest = digest_of(&data);
-        let out = feed(&sink, &data, 8192, &[0], digest);
+        let out = feed(&sink, &data, 8192, &[0], None);
         assert!(
             matches!(out.as_slice(), [Resolution::Done { id: 0, .. }]),
             "{out:?}"
@@ -1088,13 +852,15 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
+    /// A chunk that fails its digest after others were written fails the file: its
+    /// temporary goes, and the chunks after it are dropped.
     #[test]
     fn a_wrong_digest_never_reaches_the_final_name() {
         let dir = tempfile::tempdir().unwrap();
         let sink = sink_in(dir.path());
-        let data = vec![7u8; 10_000];
+        let data: Vec<u8> = (0..16_000u32).map(|i| (i % 249) as u8).collect();
         sink.apply_entry(0, &entry("f", data.len() as u64)).unwrap();
-        let out = feed(&sink, &data, 4096, &[2, 0, 1], [0xee; 16]);
+        let out = feed(&sink, &data, 4096, &[2, 0, 1, 3], Some(1));
         assert!(
             matches!(
                 out.as_slice(),
@@ -1112,28 +878,23 @@ mod tests {
         );
     }
 
-    /// Parked blocks hold pool buffers: a file that fails while blocks of it wait for a gap
-    /// must give them back, or the session's receivers starve.
+    /// A peer that agreed on segment digests and sends a block without them ends the
+    /// session, and nothing of that block is written.
     #[test]
-    fn an_abandoned_file_returns_its_parked_buffers() {
+    fn a_block_without_the_agreed_digests_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let sink = sink_in(dir.path());
-        let pool = crate::pool::Pool::new(3, 4096);
-        sink.apply_entry(0, &entry("f", 4 * 4096)).unwrap();
-        let (mut scratch, mut out) = (Vec::new(), Vec::new());
-        for i in [1u64, 2] {
-            let block = one_segment_block(&pool, 0, i * 4096, &[7; 4096], None);
-            sink.place_block(block, &mut scratch, &mut out).unwrap();
-        }
-        assert_eq!(sink.parked_blocks.load(Ordering::Relaxed), 2);
-        let spare = pool.try_take().expect("one buffer not parked");
-        assert!(pool.try_take().is_none());
-        drop(spare);
-        sink.abandon(0);
-        assert_eq!(sink.parked_blocks.load(Ordering::Relaxed), 0);
-        let buffers: Vec<_> = std::iter::from_fn(|| pool.try_take()).collect();
-        assert_eq!(buffers.len(), 3);
-        assert!(out.is_empty() && temp_files_in(dir.path()).is_empty());
+        sink.apply_entry(0, &entry("f", 4096)).unwrap();
+        let pool = crate::pool::Pool::new(1, 4096);
+        let mut block = received(&pool, 0, 0, &[1; 4096], [0; 16], true);
+        block.digests_checked = false;
+        block.damaged.clear();
+        let refused = sink.place_block(block, &mut Vec::new());
+        assert!(
+            matches!(refused, Err(Error::Protocol { .. })),
+            "{refused:?}"
+        );
+        assert!(temp_files_in(dir.path()).is_empty());
     }
 
     fn temp_files_in(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
@@ -1147,7 +908,6 @@ mod tests {
     fn a_file_abandoned_under_a_writer_gets_no_temporary_and_no_verdict() {
         let dir = tempfile::tempdir().unwrap();
         let sink = sink_in(dir.path());
-        let data = vec![5u8; 8192];
         sink.apply_entry(0, &entry("f", 3 * 8192)).unwrap();
         // A writer took the slot, then another writer failed the file.
         let slot = sink.slot(0).unwrap();
@@ -1161,7 +921,7 @@ mod tests {
         };
         assert!(sink.prepare(&seg, &slot).unwrap().is_none());
         assert_eq!(sink.open_files.load(Ordering::Relaxed), 0);
-        let recorded = sink.record(&seg, &data, &slot, &mut Vec::new()).unwrap();
+        let recorded = sink.record(&seg, &slot).unwrap();
         assert!(recorded.is_none());
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
@@ -1176,15 +936,15 @@ mod tests {
         sink.apply_entry(0, &entry("bad", 3000)).unwrap();
         sink.apply_entry(1, &entry("good", 4000)).unwrap();
         let pool = crate::pool::Pool::new(2, 8192);
-        let (mut out, mut scratch) = (Vec::new(), Vec::new());
+        let mut out = Vec::new();
         for (id, data, digest) in [
             (0, &bad, [0xee; 16]),
             (1, &good, digest_of(&good)),
             // Late data for the failed file is dropped, not refused.
             (0, &bad, digest_of(&bad)),
         ] {
-            let block = one_segment_block(&pool, id, 0, data, Some(digest));
-            sink.place_block(block, &mut scratch, &mut out).unwrap();
+            let block = received(&pool, id, 0, data, digest, true);
+            sink.place_block(block, &mut out).unwrap();
         }
         assert!(
             matches!(

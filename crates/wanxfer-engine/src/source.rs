@@ -25,7 +25,7 @@ use crossbeam_channel::Sender;
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use wanxfer_proto::{BlockHeader, Entry, EntryKind, RelPath, Segment, MAX_SEGMENTS};
 
-use crate::digest::{digest_of, FileHasher};
+use crate::digest::{digest_of, FileHasher, IN_CACHE_PIECE_BYTES};
 use crate::fs::{self, Kind, Meta, Root};
 use crate::pool::{recv_or_cancel, Block, Cancel, FileRange, Pool};
 use crate::Error;
@@ -471,7 +471,9 @@ impl Planner {
 #[derive(Debug, Clone)]
 pub struct ReaderConfig {
     pub session_tag: u64,
+    /// A CRC-32C over each payload; only where segments carry no digest.
     pub block_crc: bool,
+    /// Every segment carries the digest of its bytes.
     pub file_digest: bool,
     pub io: IoMode,
 }
@@ -533,7 +535,7 @@ pub struct ReadFailure {
 #[derive(Debug, Default)]
 pub struct ReaderShared {
     sequence: AtomicU64,
-    zero_crc: std::sync::Mutex<Vec<(usize, u32)>>,
+    zero_checks: std::sync::Mutex<Vec<(usize, Checks)>>,
 }
 
 /// One reader thread: executes plans until the plan queue closes.
@@ -589,19 +591,27 @@ impl Reader {
             }
         };
         let zero_copy = self.cfg.io == IoMode::Sendfile && file.is_some();
-        // With nothing to checksum, a zero-copy block never passes through user space.
-        let must_read = !zero_copy || self.cfg.block_crc || self.cfg.file_digest;
-        let mut hasher = FileHasher::new();
+        let zeros = matches!(job.content, Content::Zeros);
+        // With nothing to check, a zero-copy block never passes through user space.
+        let must_read = !zeros && (!zero_copy || self.cfg.block_crc || self.cfg.file_digest);
         let mut offset = 0u64;
         while offset < job.size {
             let mut block = self.pool.take(&self.cancel)?;
             let len = (job.size - offset).min(block.capacity() as u64) as usize;
-            if must_read {
-                if let Err(e) = fill(file.as_deref(), &job, offset, &mut block.space()[..len]) {
-                    self.fail(job.id, e);
-                    return Ok(());
+            let checks = if zeros {
+                self.zero_checks(len)
+            } else if must_read {
+                let buf = &mut block.space()[..len];
+                match read_checked(file.as_deref(), &job, offset, buf, &self.cfg) {
+                    Ok(checks) => checks,
+                    Err(e) => {
+                        self.fail(job.id, e);
+                        return Ok(());
+                    }
                 }
-            }
+            } else {
+                Checks::default()
+            };
             block.len = len;
             if zero_copy {
                 block.file_range = file.clone().map(|file| FileRange {
@@ -611,32 +621,25 @@ impl Reader {
                 });
             }
             let last = offset + len as u64 == job.size;
-            let mut seg = Segment {
+            let seg = Segment {
                 file_id: job.id,
                 offset,
                 len: len as u32,
-                flags: 0,
-                digest: [0; 16],
+                flags: if last { Segment::FLAG_LAST } else { 0 },
+                digest: checks.digest,
             };
-            if self.cfg.file_digest {
-                hasher.update(block.payload());
-            }
-            if last {
-                seg.flags = Segment::FLAG_LAST;
-                if self.cfg.file_digest {
-                    seg.digest = hasher.digest();
-                }
-            }
             block.segments.push(seg);
-            let zeros = matches!(job.content, Content::Zeros);
-            self.finish_and_send(block, zeros)?;
+            self.finish_and_send(block, checks.crc)?;
             offset += len as u64;
         }
         Ok(())
     }
 
+    /// Packs whole small files into one block. Each file's digest (or its share of the
+    /// block's CRC) is computed right after it is read, while it is still in cache.
     fn send_packed(&self, jobs: Vec<FileJob>) -> Result<(), Error> {
         let mut block = self.pool.take(&self.cancel)?;
+        let mut crc = self.cfg.block_crc.then_some(0u32);
         let mut pos = 0usize;
         for job in jobs {
             let size = job.size as usize;
@@ -648,11 +651,13 @@ impl Reader {
                 self.fail(job.id, e);
                 continue;
             }
+            let data = block.slice(pos, size);
             let digest = if self.cfg.file_digest {
-                digest_of(block.slice(pos, size))
+                digest_of(data)
             } else {
                 [0; 16]
             };
+            crc = crc.map(|crc| crc32c::crc32c_append(crc, data));
             block.segments.push(Segment {
                 file_id: job.id,
                 offset: 0,
@@ -666,25 +671,17 @@ impl Reader {
         if block.segments.is_empty() {
             return Ok(());
         }
-        self.finish_and_send(block, false)
+        self.finish_and_send(block, crc)
     }
 
-    /// Computes the checksums, encodes the header and queues the block for a channel.
-    fn finish_and_send(&self, mut block: Block, zeros: bool) -> Result<(), Error> {
-        let payload_crc = match (self.cfg.block_crc, zeros) {
-            (false, _) => 0,
-            (true, true) => self.zero_crc(block.len),
-            (true, false) => crc32c::crc32c(block.payload()),
-        };
+    /// Encodes the header (with `payload_crc`, if the block carries one) and queues the
+    /// block for a channel.
+    fn finish_and_send(&self, mut block: Block, payload_crc: Option<u32>) -> Result<(), Error> {
         let header = BlockHeader {
-            flags: if self.cfg.block_crc {
-                BlockHeader::FLAG_PAYLOAD_CRC
-            } else {
-                0
-            },
+            flags: self.header_flags(payload_crc.is_some()),
             segment_count: block.segments.len() as u16,
             payload_len: block.len as u32,
-            payload_crc,
+            payload_crc: payload_crc.unwrap_or(0),
             session_tag: self.cfg.session_tag,
             sequence: self.shared.sequence.fetch_add(1, Ordering::Relaxed),
         };
@@ -693,17 +690,48 @@ impl Reader {
         self.blocks.send(block).map_err(|_| Error::Cancelled)
     }
 
-    /// The CRC of `len` zero bytes, computed once per length: the synthetic source must
-    /// cost the sender nothing but the send itself.
-    fn zero_crc(&self, len: usize) -> u32 {
-        let mut cache = self.shared.zero_crc.lock().expect("no panics while held");
-        if let Some(&(_, crc)) = cache.iter().find(|(l, _)| *l == len) {
-            return crc;
+    fn header_flags(&self, payload_crc: bool) -> u8 {
+        let mut flags = 0;
+        if payload_crc {
+            flags |= BlockHeader::FLAG_PAYLOAD_CRC;
         }
-        let crc = crc32c::crc32c(&vec![0u8; len]);
-        cache.push((len, crc));
-        crc
+        if self.cfg.file_digest {
+            flags |= BlockHeader::FLAG_SEGMENT_DIGESTS;
+        }
+        flags
     }
+
+    /// The checks of `len` zero bytes, computed once per length: the synthetic source must
+    /// cost the sender nothing but the send itself.
+    fn zero_checks(&self, len: usize) -> Checks {
+        let mut cache = self
+            .shared
+            .zero_checks
+            .lock()
+            .expect("no panics while held");
+        if let Some(&(_, checks)) = cache.iter().find(|(l, _)| *l == len) {
+            return checks;
+        }
+        let zeros = vec![0u8; len];
+        let checks = Checks {
+            crc: self.cfg.block_crc.then(|| crc32c::crc32c(&zeros)),
+            digest: if self.cfg.file_digest {
+                digest_of(&zeros)
+            } else {
+                [0; 16]
+            },
+        };
+        cache.push((len, checks));
+        checks
+    }
+}
+
+/// What the sender computed over one chunk's bytes: the payload CRC (in a session without
+/// digests) and the segment's digest (zero in a session without them).
+#[derive(Debug, Clone, Copy, Default)]
+struct Checks {
+    crc: Option<u32>,
+    digest: [u8; 16],
 }
 
 /// The directory a reader opened last, so that files of one directory (which arrive
@@ -749,6 +777,36 @@ fn dir_path(rel: &RelPath) -> &OsStr {
     } else {
         OsStr::from_bytes(rel.as_bytes())
     }
+}
+
+/// Reads `buf.len()` bytes of `job` at `offset` a cache-sized piece at a time, and runs
+/// the checks `cfg` asks for over each piece while it is still in the core's cache
+/// ([`IN_CACHE_PIECE_BYTES`]): over a whole 4 MiB block read first, they would read it
+/// back from memory.
+fn read_checked(
+    file: Option<&File>,
+    job: &FileJob,
+    offset: u64,
+    buf: &mut [u8],
+    cfg: &ReaderConfig,
+) -> Result<Checks, Error> {
+    let mut hasher = cfg.file_digest.then(FileHasher::new);
+    let mut crc = cfg.block_crc.then_some(0u32);
+    let mut at = offset;
+    for piece in buf.chunks_mut(IN_CACHE_PIECE_BYTES) {
+        fill(file, job, at, piece)?;
+        if let Some(hasher) = hasher.as_mut() {
+            hasher.update(piece);
+        }
+        if let Some(crc) = crc.as_mut() {
+            *crc = crc32c::crc32c_append(*crc, piece);
+        }
+        at += piece.len() as u64;
+    }
+    Ok(Checks {
+        crc,
+        digest: hasher.map_or([0; 16], |h| h.digest()),
+    })
 }
 
 /// Reads exactly `buf.len()` bytes at `offset`; a file that shrank since it was listed

@@ -99,7 +99,7 @@ fn blocks_cross_intact_and_teardown_revokes_every_registration() {
             blocks
                 .iter()
                 .map(|b: wanxfer_engine::pool::Block| {
-                    assert!(!b.damaged);
+                    assert!(b.damaged.is_empty());
                     let seq = b.segments[0].file_id;
                     let expect: Vec<u8> = (0..BLOCK as u64).map(|i| (i ^ seq) as u8).collect();
                     assert!(b.payload() == expect.as_slice(), "block {seq} intact");

@@ -5,11 +5,16 @@
 //! byte range of which file each part of the payload is, then the payload. One large
 //! file's chunk is one segment; many small files packed together are many segments.
 //!
-//! The header and its segment table carry their own CRC-32C, separate from the payload's,
-//! so a receiver can trust the lengths and placements before it reads a payload byte. The
-//! payload CRC can be switched off (`flags`) to measure protocol cost alone; the header
-//! CRC cannot. A segment that ends a file carries that file's digest, so there is no
-//! per-file control message on the small-file fast path.
+//! The header and its segment table carry their own CRC-32C, so a receiver can trust the
+//! lengths and placements before it reads a payload byte; that CRC cannot be switched off.
+//! The payload is checked per segment: with [`BlockHeader::FLAG_SEGMENT_DIGESTS`] every
+//! segment carries the XXH3-128 of its own bytes, which the receiver checks as the bytes
+//! arrive, before it writes them. One pass over each byte then both catches damage in
+//! transit and verifies every file end to end (a file is whole when its verified segments
+//! cover it), whatever order its chunks arrive in, so no stretch of a file is ever read
+//! back, and no per-file control message is needed on the small-file fast path. A session
+//! without digests can carry a CRC-32C of the whole payload instead
+//! ([`BlockHeader::FLAG_PAYLOAD_CRC`]).
 
 use crate::codec::{Decoder, Encoder};
 use crate::DecodeError;
@@ -43,13 +48,14 @@ pub struct Segment {
     pub offset: u64,
     pub len: u32,
     pub flags: u32,
-    /// With [`Segment::FLAG_LAST`]: the whole file's XXH3-128 digest.
+    /// With [`BlockHeader::FLAG_SEGMENT_DIGESTS`]: the XXH3-128 of this segment's bytes
+    /// (for a file that fits in one segment, the file's own XXH3-128).
     pub digest: [u8; 16],
 }
 
 impl Segment {
     pub const LEN: usize = 40;
-    /// No later segment of this file follows from the sender; `digest` is valid.
+    /// No later segment of this file follows from the sender.
     pub const FLAG_LAST: u32 = 1;
 
     pub fn is_last(&self) -> bool {
@@ -87,7 +93,11 @@ impl Segment {
 
 impl BlockHeader {
     pub const LEN: usize = 48;
+    /// `payload_crc` holds the CRC-32C of the payload.
     pub const FLAG_PAYLOAD_CRC: u8 = 1;
+    /// Every segment's `digest` is the XXH3-128 of that segment's bytes.
+    pub const FLAG_SEGMENT_DIGESTS: u8 = 2;
+    const KNOWN_FLAGS: u8 = Self::FLAG_PAYLOAD_CRC | Self::FLAG_SEGMENT_DIGESTS;
 
     /// Bytes of the header plus its segment table.
     pub const fn encoded_len(segment_count: usize) -> usize {
@@ -135,7 +145,7 @@ impl BlockHeader {
             });
         }
         let flags = d.u8()?;
-        if flags & !Self::FLAG_PAYLOAD_CRC != 0 {
+        if flags & !Self::KNOWN_FLAGS != 0 {
             return Err(DecodeError::Unknown {
                 what: "block flags",
                 value: flags.into(),
@@ -206,6 +216,10 @@ impl BlockHeader {
 
     pub fn has_payload_crc(&self) -> bool {
         self.flags & Self::FLAG_PAYLOAD_CRC != 0
+    }
+
+    pub fn has_segment_digests(&self) -> bool {
+        self.flags & Self::FLAG_SEGMENT_DIGESTS != 0
     }
 
     /// Checks `payload` against the header's CRC (a no-op when the sender sent none).

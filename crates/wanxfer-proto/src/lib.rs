@@ -31,14 +31,15 @@ pub use path::{check_name, PathError, RelPath, MAX_NAME_BYTES, MAX_PATH_BYTES};
 
 /// The protocol version this build speaks. Bump it when a frame's meaning changes; new
 /// optional behaviour is negotiated with [`features`] bits instead.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// Feature bits exchanged in [`Hello`]. A bit once used is never reused for something else:
 /// retired bits stay here as comments.
 pub mod features {
     /// Blocks carry a CRC-32C of their payload.
     pub const BLOCK_CRC32C: u64 = 1 << 0;
-    /// Files are verified with a 128-bit XXH3 digest.
+    /// Segments carry the 128-bit XXH3 digest of their bytes (whole files' digests before
+    /// protocol version 4).
     pub const FILE_XXH3_128: u64 = 1 << 1;
     /// Reserved: TLS 1.3 on the control channel (later).
     pub const TLS: u64 = 1 << 2;

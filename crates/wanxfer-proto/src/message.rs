@@ -151,9 +151,12 @@ pub mod session_flags {
     pub const DISCARD: u32 = 1 << 0;
     /// The sender generates `synthetic_bytes` of data instead of reading files.
     pub const SYNTHETIC_SOURCE: u32 = 1 << 1;
-    /// Blocks carry no payload checksum (measuring protocol cost alone).
+    /// Without segment digests, blocks carry no payload CRC either, so nothing is checked
+    /// (measuring protocol cost alone). With digests, which check every block's bytes
+    /// anyway, it changes nothing.
     pub const NO_BLOCK_CHECKSUM: u32 = 1 << 2;
-    /// Files are not verified with a digest before rename. Never the default.
+    /// Segments carry no digest, so files are renamed into place unverified; blocks carry
+    /// a payload CRC instead unless [`NO_BLOCK_CHECKSUM`] is set too. Never the default.
     pub const NO_FILE_DIGEST: u32 = 1 << 3;
 
     pub const ALL: u32 = DISCARD | SYNTHETIC_SOURCE | NO_BLOCK_CHECKSUM | NO_FILE_DIGEST;
@@ -308,8 +311,6 @@ pub struct Stats {
     pub io_mode: Vec<u8>,
     /// Receiving: bytes written with `O_DIRECT`, bypassing the page cache.
     pub direct_bytes: u64,
-    /// Receiving: bytes read back from temporaries to verify files (version 3).
-    pub reread_bytes: u64,
     /// Why the side did less than its mode asked for; empty if it did not.
     pub io_fallback: Vec<u8>,
 }
@@ -441,7 +442,6 @@ impl Message {
                 e.u64(s.files);
                 e.bytes(&s.io_mode);
                 e.u64(s.direct_bytes);
-                e.u64(s.reread_bytes);
                 e.bytes(&s.io_fallback);
             }
             Message::ChannelAccepted { index } => e.u16(*index),
@@ -532,7 +532,6 @@ impl Message {
                 files: d.u64()?,
                 io_mode: d.bytes("I/O mode", MAX_IO_NOTE_BYTES)?.to_vec(),
                 direct_bytes: d.u64()?,
-                reread_bytes: d.u64()?,
                 io_fallback: d.bytes("I/O fallback", MAX_IO_NOTE_BYTES)?.to_vec(),
             }),
             16 => Message::ChannelAccepted { index: d.u16()? },

@@ -179,9 +179,9 @@ fn message() -> impl Strategy<Value = Message> {
         Just(Message::Finish),
         (
             (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
-            ("[a-z]{0,10}", any::<u64>(), any::<u64>(), ".{0,40}")
+            ("[a-z]{0,10}", any::<u64>(), ".{0,40}")
         )
-            .prop_map(|((a, b, c, d), (mode, direct, reread, why))| {
+            .prop_map(|((a, b, c, d), (mode, direct, why))| {
                 Message::Stats(Stats {
                     cpu_user_us: a,
                     cpu_sys_us: b,
@@ -189,7 +189,6 @@ fn message() -> impl Strategy<Value = Message> {
                     files: d,
                     io_mode: mode.into_bytes(),
                     direct_bytes: direct,
-                    reread_bytes: reread,
                     io_fallback: why.into_bytes(),
                 })
             }),

@@ -85,16 +85,11 @@ struct JsonReport<'a> {
     /// Receiving into files: bytes written with O_DIRECT.
     #[serde(skip_serializing_if = "Option::is_none")]
     direct_bytes: Option<u64>,
-    /// Receiving into files: bytes read back from temporaries to verify them.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reread_bytes: Option<u64>,
     peer_io: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     peer_io_fallback: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     peer_direct_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    peer_reread_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     zerocopy_sends: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -104,7 +99,7 @@ struct JsonReport<'a> {
     skipped: &'a [String],
 }
 
-/// Whether a side's I/O was writing received files (so its direct and re-read byte counts mean
+/// Whether a side's I/O was writing received files (so its direct byte count means
 /// something).
 fn wrote_files(io: &IoUse) -> bool {
     matches!(io.mode.as_str(), "direct" | "buffered")
@@ -140,14 +135,13 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool) {
             io: &report.io.mode,
             io_fallback: report.io.fallback.as_deref(),
             direct_bytes: wrote_files(&report.io).then_some(report.io.direct_bytes),
-            reread_bytes: wrote_files(&report.io).then_some(report.io.reread_bytes),
             peer_io: &report.peer_io.mode,
             peer_io_fallback: report.peer_io.fallback.as_deref(),
             peer_direct_bytes: wrote_files(&report.peer_io).then_some(report.peer_io.direct_bytes),
-            peer_reread_bytes: wrote_files(&report.peer_io).then_some(report.peer_io.reread_bytes),
             zerocopy_sends: (report.io.mode == "zerocopy").then_some(report.zerocopy_sends),
             zerocopy_copied: (report.io.mode == "zerocopy").then_some(report.zerocopy_copied),
-            block_checksum: tuning.block_crc,
+            // Segment digests check every block's bytes as they arrive.
+            block_checksum: tuning.block_crc || tuning.file_digest,
             file_digest: tuning.file_digest,
             skipped: &report.skipped,
         };

@@ -397,19 +397,20 @@ fn join_channel(site: &Site, auth: &Authenticated, accepted: &SessionAccepted) -
     }
 }
 
-/// A block carrying `payload` as its one segment `seg`, with a correct payload CRC unless
-/// `corrupt_after_crc`, which flips a payload bit after the CRC was computed.
+/// A block carrying `payload` as its one segment `seg` (whose digest the caller chooses),
+/// as a digest-checked session sends it; `corrupt_in_transit` flips a payload bit after
+/// the digest was computed.
 fn block(
     accepted: &SessionAccepted,
     seg: Segment,
     payload: &[u8],
-    corrupt_after_crc: bool,
+    corrupt_in_transit: bool,
 ) -> Vec<u8> {
     let header = BlockHeader {
-        flags: BlockHeader::FLAG_PAYLOAD_CRC,
+        flags: BlockHeader::FLAG_SEGMENT_DIGESTS,
         segment_count: 1,
         payload_len: payload.len() as u32,
-        payload_crc: crc32c(payload),
+        payload_crc: 0,
         session_tag: u64::from_le_bytes(accepted.session_id[..8].try_into().unwrap()),
         sequence: 0,
     };
@@ -417,7 +418,7 @@ fn block(
     header.encode(&[seg], &mut out);
     let start = out.len();
     out.extend_from_slice(payload);
-    if corrupt_after_crc {
+    if corrupt_in_transit {
         out[start] ^= 0x01;
     }
     out
@@ -439,7 +440,7 @@ fn a_corrupt_block_is_caught_and_never_written() {
     let payload = b"good data!";
     let (mut control, mut data, accepted) =
         session_ready_for_blocks(&site, vec![file_entry("victim", payload.len() as u64)]);
-    let digest = xxh3_digest_placeholder();
+    let digest = digest_of(payload);
     data.send_raw(&block(
         &accepted,
         whole_file_segment(payload.len() as u32, digest),
@@ -458,15 +459,15 @@ fn a_corrupt_block_is_caught_and_never_written() {
     site.assert_unharmed();
 }
 
-/// The digest field is only checked once the file is complete; tests that fail earlier
-/// do not need a real one.
-fn xxh3_digest_placeholder() -> [u8; 16] {
-    [0x5a; 16]
+/// What an honest sender puts in the segment carrying `bytes`.
+fn digest_of(bytes: &[u8]) -> [u8; 16] {
+    xxhash_rust::xxh3::xxh3_128(bytes).to_le_bytes()
 }
 
 /// One session's files for the digest tests, under `wanted/` (which a pull of `wanted`
-/// accepts and a push into the root places as is): `whole` comes in one segment and
-/// `pieces` in two, both with a digest their bytes do not have; `after` is right.
+/// accepts and a push into the root places as is): `whole` comes in one segment with a
+/// digest its bytes do not have, `pieces` in two of which the second has a wrong digest;
+/// `after` is right.
 struct DigestTrial;
 
 impl DigestTrial {
@@ -493,26 +494,27 @@ impl DigestTrial {
 
     /// Every block of the session, in the order an honest sender could send them.
     fn blocks(accepted: &SessionAccepted) -> Vec<Vec<u8>> {
-        let wrong = xxh3_digest_placeholder();
+        let wrong = [0x5a; 16];
         let half = Self::PIECES.len() / 2;
-        let right = xxhash_rust::xxh3::xxh3_128(Self::AFTER).to_le_bytes();
         [
-            (1, 0, Self::WHOLE, Some(wrong)),
-            (2, 0, &Self::PIECES[..half], None),
-            (2, half, &Self::PIECES[half..], Some(wrong)),
-            (3, 0, Self::AFTER, Some(right)),
+            (1, 0, Self::WHOLE, true, wrong),
+            (
+                2,
+                0,
+                &Self::PIECES[..half],
+                false,
+                digest_of(&Self::PIECES[..half]),
+            ),
+            (2, half, &Self::PIECES[half..], true, wrong),
+            (3, 0, Self::AFTER, true, digest_of(Self::AFTER)),
         ]
         .into_iter()
-        .map(|(file_id, offset, payload, digest)| {
+        .map(|(file_id, offset, payload, last, digest)| {
             let seg = Segment {
                 file_id,
                 offset: offset as u64,
-                flags: if digest.is_some() {
-                    Segment::FLAG_LAST
-                } else {
-                    0
-                },
-                ..whole_file_segment(payload.len() as u32, digest.unwrap_or_default())
+                flags: if last { Segment::FLAG_LAST } else { 0 },
+                ..whole_file_segment(payload.len() as u32, digest)
             };
             block(accepted, seg, payload, false)
         })
@@ -589,18 +591,18 @@ fn blocks_naming_unannounced_files_or_ranges_end_the_session() {
         // A file id never announced.
         Segment {
             file_id: 77,
-            ..whole_file_segment(4, [0; 16])
+            ..whole_file_segment(4, digest_of(b"abcd"))
         },
         // Past the announced size.
         Segment {
             offset: 2,
-            ..whole_file_segment(4, [0; 16])
+            ..whole_file_segment(4, digest_of(b"abcd"))
         },
         // An offset near the end of the address space.
         Segment {
             offset: u64::MAX - 8,
             flags: 0,
-            ..whole_file_segment(4, [0; 16])
+            ..whole_file_segment(4, digest_of(b"abcd"))
         },
     ] {
         let (mut control, mut data, accepted) =
@@ -620,7 +622,12 @@ fn a_block_larger_than_agreed_is_refused_before_it_is_read() {
     let mut site = Site::new();
     let (mut control, mut data, accepted) =
         session_ready_for_blocks(&site, vec![file_entry("f", 4)]);
-    let mut bytes = block(&accepted, whole_file_segment(4, [0; 16]), b"abcd", false);
+    let mut bytes = block(
+        &accepted,
+        whole_file_segment(4, digest_of(b"abcd")),
+        b"abcd",
+        false,
+    );
     // Claim a 64 MiB payload (the protocol ceiling, past the agreed 1 MiB) and send no
     // more: the server must refuse from the header alone.
     bytes[8..12].copy_from_slice(&(64u32 << 20).to_le_bytes());
@@ -771,6 +778,6 @@ fn a_pulling_client_fails_only_the_files_whose_digest_is_wrong() {
     let json = run.json();
     assert_eq!(json["exit_code"], 6, "{json}");
     let error = json["error"].as_str().unwrap();
-    assert!(error.contains("digest differs"), "{json}");
+    assert!(error.contains("do not match the checksum"), "{json}");
     DigestTrial::assert_landed(&dest);
 }

@@ -202,7 +202,6 @@ fn peer_io_use(stats: &Stats) -> IoUse {
     IoUse {
         mode: text(&stats.io_mode),
         direct_bytes: stats.direct_bytes,
-        reread_bytes: stats.reread_bytes,
         fallback: (!stats.io_fallback.is_empty()).then(|| text(&stats.io_fallback)),
     }
 }
@@ -396,7 +395,6 @@ fn run_role(
                 params.file_digest,
                 SinkLimits {
                     write,
-                    max_parked_blocks: params.parkable_blocks(),
                     ..SinkLimits::default()
                 },
             );

@@ -348,7 +348,7 @@ fn sender_loop(core: &mut Core, source: &Source) -> Result<Outcome, Error> {
     let cfg = ReaderConfig {
         session_tag: params.session_tag,
         block_crc: params.block_crc,
-        file_digest: params.file_digest && !params.discard,
+        file_digest: params.file_digest,
         io: params.io,
     };
     for i in 0..params.readers {
@@ -742,10 +742,9 @@ fn run_writer(
     results: &Sender<Vec<Resolution>>,
     cancel: &Cancel,
 ) -> Result<(), Error> {
-    let mut scratch = Vec::new();
     while let Some(block) = recv_or_cancel(queue, cancel)? {
         let mut resolved = Vec::new();
-        sink.place_block(block, &mut scratch, &mut resolved)?;
+        sink.place_block(block, &mut resolved)?;
         if !resolved.is_empty() {
             let _ = results.send(resolved);
         }

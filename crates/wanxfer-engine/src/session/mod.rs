@@ -95,9 +95,12 @@ pub struct Params {
     pub window: u32,
     pub readers: usize,
     pub writers: usize,
+    /// Blocks carry a payload CRC-32C: only in a session without segment digests, which
+    /// check every byte anyway.
     pub block_crc: bool,
+    /// Every segment carries the digest of its bytes, checked on arrival.
     pub file_digest: bool,
-    /// The receiver throws data away: the sender need not compute file digests.
+    /// The receiver throws data away.
     pub discard: bool,
     pub io: IoMode,
 }
@@ -120,7 +123,7 @@ impl Params {
             window: a.window,
             readers: readers.max(1),
             writers: writers.max(1),
-            block_crc: a.flags & NO_BLOCK_CHECKSUM == 0,
+            block_crc: a.flags & (NO_BLOCK_CHECKSUM | NO_FILE_DIGEST) == NO_FILE_DIGEST,
             file_digest: a.flags & NO_FILE_DIGEST == 0,
             discard: a.flags & DISCARD != 0,
             io,
@@ -128,17 +131,10 @@ impl Params {
     }
 
     /// Settles `--io auto` for this session's peer (see [`IoMode::resolve`]): the readers
-    /// read every byte when a block checksum or a file digest needs them.
+    /// read every byte when a checksum or a digest needs them.
     pub fn resolve_io(&mut self, peer_on_this_host: bool) {
-        let reads_every_byte = self.block_crc || (self.file_digest && !self.discard);
+        let reads_every_byte = self.block_crc || self.file_digest;
         self.io = self.io.resolve(peer_on_this_host, reads_every_byte);
-    }
-
-    /// Early blocks the sink may keep for its digests: fewer than one channel's RDMA slot
-    /// arena (`depth + 1`) and far fewer than the TCP pool, so the block that fills a gap
-    /// always finds a buffer to land in.
-    pub fn parkable_blocks(&self) -> usize {
-        usize::from(self.depth)
     }
 
     /// Buffers in this side's pool: every channel's queue plus one in the hands of each

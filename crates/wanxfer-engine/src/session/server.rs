@@ -389,7 +389,6 @@ impl Connection {
                 files: outcome.files_ok,
                 io_mode: outcome.io.mode.clone().into_bytes(),
                 direct_bytes: outcome.io.direct_bytes,
-                reread_bytes: outcome.io.reread_bytes,
                 io_fallback: outcome.io.fallback.clone().unwrap_or_default().into_bytes(),
             };
             let secs = started.elapsed().as_secs_f64().max(1e-9);
@@ -482,7 +481,6 @@ impl Connection {
                 let limits = SinkLimits {
                     max_open_files: self.limits.max_open_files,
                     write: self.limits.write,
-                    max_parked_blocks: params.parkable_blocks(),
                 };
                 let sink = Sink::new(
                     target,

@@ -38,6 +38,7 @@ use wanxfer_proto::{
 };
 
 use super::check_header;
+use crate::digest::PayloadVerifier;
 use crate::fs::DIRECT_ALIGN;
 use crate::pool::{Block, Cancel, Pool, SlotArena, CANCEL_POLL};
 use crate::progress::Progress;
@@ -559,7 +560,10 @@ fn take_block_in_place(
     block.segments = segments;
     block.start = payload_start;
     block.len = payload_len;
-    block.damaged = header.check_payload(block.payload()).is_err();
+    let mut check = PayloadVerifier::new(&header, &block.segments);
+    check.update(&block.segments, block.payload());
+    block.damaged = check.finish(&block.segments);
+    block.digests_checked = header.has_segment_digests();
     Ok(())
 }
 
@@ -617,7 +621,7 @@ mod tests {
         take_block_in_place(&mut block, len, &limits(), "peer").unwrap();
         assert_eq!(block.start % DIRECT_ALIGN, 0);
         assert_eq!(block.payload(), &payload[..]);
-        assert!(!block.damaged);
+        assert!(block.damaged.is_empty());
     }
 
     /// A whole file in one block goes unpadded: it is never written direct.

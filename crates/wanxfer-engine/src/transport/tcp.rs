@@ -14,6 +14,7 @@ use wanxfer_proto::{BlockHeader, Segment};
 
 use super::zerocopy::{self, InFlight};
 use super::{check_header, BlockRx, BlockTx};
+use crate::digest::{PayloadVerifier, IN_CACHE_PIECE_BYTES};
 use crate::pool::{Block, Cancel, FileRange, Pool};
 use crate::Error;
 
@@ -227,24 +228,18 @@ impl BlockRx for TcpChannel {
         self.table = table;
         decoded?;
         let len = header.payload_len as usize;
-        let mut check = header.payload_check();
-        for piece in block.space()[..len].chunks_mut(CHECK_PIECE_BYTES) {
+        let mut check = PayloadVerifier::new(&header, &block.segments);
+        let (segments, space) = block.segments_and_space();
+        for piece in space[..len].chunks_mut(IN_CACHE_PIECE_BYTES) {
             self.read_full(piece, false)?;
-            check.update(piece);
+            check.update(segments, piece);
         }
         block.len = len;
-        block.damaged = check.finish().is_err();
+        block.damaged = check.finish(&block.segments);
+        block.digests_checked = header.has_segment_digests();
         Ok(Some(block))
     }
 }
-
-/// How much of a payload is read before it is checksummed: small enough to still be in
-/// the core's cache when the CRC runs over it, large enough that the extra `recv` calls
-/// cost nothing next to the copy. Once the blocks in flight outgrow the last-level cache
-/// (a pool of 4 MiB blocks soon does), copy then CRC per 256 KiB takes about 17% less CPU
-/// than per whole block; while everything fits, the two cost the same
-/// (`cargo run --release -p wanxfer-engine --example checksum_cost -- 64`).
-const CHECK_PIECE_BYTES: usize = 256 << 10;
 
 /// Sends `header` then the payload straight from the page cache. Where the source's file
 /// system refuses `sendfile`, the rest goes by plain writes — from `payload` when the
