@@ -98,7 +98,7 @@ def main():
             ip = [iperf3(a.seconds) for _ in range(a.repeat)]
             wx = [wanxfer_mem(binary, addr, a.bytes, env) for _ in range(a.repeat)]
             wx1 = [wanxfer_mem(binary, addr, a.bytes, env, ("--streams", "1")) for _ in range(a.repeat)]
-            wxn = [wanxfer_mem(binary, addr, a.bytes, env, ("--no-block-checksum",)) for _ in range(a.repeat)]
+            wxn = [wanxfer_mem(binary, addr, a.bytes, env, ("--no-block-checksum", "--no-file-digest")) for _ in range(a.repeat)]
             ib, wb, w1, wn = best(ip), best(wx), best(wx1), best(wxn)
             lines += [
                 "## Memory to memory (loopback, best of %d)" % a.repeat,

@@ -1,9 +1,10 @@
-//! What the integrity checks cost per GB on this CPU: the block CRC-32C (checked on
-//! every block before it is written) and the file XXH3-128 digest (checked before every
-//! rename), each over a buffer already in cache, as the engine runs them.
+//! What the integrity checks cost per GB on this CPU, over a buffer already in cache: the
+//! XXH3-128 every segment carries (the check on every byte since protocol 4), the payload
+//! CRC-32C that stands in for it in sessions without digests, and both together (what a
+//! receiver paid per byte up to protocol 3).
 //!
-//! The last two lines show why the TCP receiver checksums a block piece by piece: a 4 MiB
-//! block copied in (as `recv` does) and then checked comes back from memory, while each
+//! The last lines show why both ends check a block piece by piece: a 4 MiB block copied
+//! in (as `recv` or `pread` does) and then checked comes back from memory, while each
 //! 256 KiB piece checked right after its copy is still in the core's cache.
 //!
 //! `cargo run --release -p wanxfer-engine --example checksum_cost [-- MiB]`
@@ -11,7 +12,7 @@
 use std::hint::black_box;
 
 use std::time::Instant;
-use wanxfer_engine::digest::digest_of;
+use wanxfer_engine::digest::{digest_of, FileHasher, IN_CACHE_PIECE_BYTES};
 
 fn thread_cpu_seconds() -> f64 {
     let cpu = wanxfer_engine::progress::thread_cpu();
@@ -43,10 +44,10 @@ fn main() {
     let data: Vec<u8> = (0..mib << 20).map(|i| (i * 131 % 251) as u8).collect();
     let rounds = (4usize << 30) / data.len();
     println!("{} MiB buffer, 4 GiB per measurement", mib);
-    measure("block CRC-32C", &data, rounds, |d| {
+    measure("payload CRC-32C", &data, rounds, |d| {
         u128::from(crc32c::crc32c(d))
     });
-    measure("file XXH3-128", &data, rounds, |d| {
+    measure("segment XXH3-128", &data, rounds, |d| {
         u128::from_le_bytes(digest_of(d))
     });
     // The SSE2 loop that a compile-time choice gives a default x86-64 build.
@@ -56,16 +57,32 @@ fn main() {
         rounds,
         xxhash_rust::xxh3::xxh3_128,
     );
-    measure("both (receiver total)", &data, rounds, |d| {
+    measure("both (protocol 3)", &data, rounds, |d| {
         u128::from(crc32c::crc32c(d)) ^ u128::from_le_bytes(digest_of(d))
     });
-    copy_then_check(&data, rounds, data.len());
-    copy_then_check(&data, rounds, 256 << 10);
+    copy_then_hash(&data, rounds, data.len());
+    copy_then_hash(&data, rounds, IN_CACHE_PIECE_BYTES);
+    copy_then_crc(&data, rounds, data.len());
+    copy_then_crc(&data, rounds, IN_CACHE_PIECE_BYTES);
 }
 
-/// Copies `data` into a block-sized buffer `piece` bytes at a time, checksumming each piece
-/// right after copying it, and reports the CPU of copy and CRC together.
-fn copy_then_check(data: &[u8], rounds: usize, piece: usize) {
+/// Copies `data` into a block-sized buffer `piece` bytes at a time, hashing each piece
+/// right after copying it, and reports the CPU of copy and digest together.
+fn copy_then_hash(data: &[u8], rounds: usize, piece: usize) {
+    let mut block = vec![0u8; data.len()];
+    let name = format!("copy+XXH3 per {} KiB", piece >> 10);
+    measure(&name, data, rounds, |d| {
+        let mut hasher = FileHasher::new();
+        for (to, from) in block.chunks_mut(piece).zip(d.chunks(piece)) {
+            to.copy_from_slice(from);
+            hasher.update(black_box(to));
+        }
+        u128::from_le_bytes(hasher.digest())
+    });
+}
+
+/// As [`copy_then_hash`], with the payload CRC.
+fn copy_then_crc(data: &[u8], rounds: usize, piece: usize) {
     let mut block = vec![0u8; data.len()];
     let name = format!("copy+CRC per {} KiB", piece >> 10);
     measure(&name, data, rounds, |d| {

@@ -2,8 +2,9 @@
 //! `pread`ing them into a pool buffer. A mapping saves the kernel's copy, but pays for
 //! page faults, page-table setup and teardown instead; and a file truncated under a
 //! mapping kills the reader with SIGBUS. This measures what the saving is worth on this
-//! machine, over a file already in the page cache, with the reader's own checks (CRC-32C
-//! of the block and the file's XXH3-128) run on every block either way.
+//! machine, over a file already in the page cache, with the reader's checks of protocol 3
+//! (CRC-32C of the block and the file's XXH3-128; since protocol 4 the XXH3 alone) run on
+//! every block either way.
 //!
 //! `cargo run --release -p wanxfer-engine --example page_cache_reads -- FILE [MiB]`
 //! (FILE on tmpfs, or read once beforehand so that it is cached.)

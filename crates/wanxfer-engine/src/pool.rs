@@ -207,8 +207,8 @@ pub struct BlockBuf {
     /// Receiver side, per segment: its bytes failed their check, so its file must not be
     /// written. Empty when nothing failed.
     pub damaged: Vec<bool>,
-    /// Receiver side: the segments' digests were checked (the sender sent them).
-    pub digests_checked: bool,
+    /// Receiver side: the checks its bytes passed through (`digest::check_flags`).
+    pub checks: u8,
     /// Sender side, zero-copy: the payload is `len` bytes of a file, to be sent from the
     /// page cache.
     pub file_range: Option<FileRange>,
@@ -294,7 +294,7 @@ impl Drop for Block {
             buf.start = 0;
             buf.segments.clear();
             buf.damaged.clear();
-            buf.digests_checked = false;
+            buf.checks = 0;
             buf.file_range = None;
             // The pool outlives every loan unless the session is being torn down, in
             // which case the buffer is simply freed.
@@ -339,7 +339,7 @@ impl Pool {
                 header: Vec::with_capacity(wanxfer_proto::BlockHeader::encoded_len(64)),
                 segments: Vec::new(),
                 damaged: Vec::new(),
-                digests_checked: false,
+                checks: 0,
                 file_range: None,
             });
             // The channel holds exactly as many buffers as were made.

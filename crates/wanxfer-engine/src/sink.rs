@@ -99,25 +99,37 @@ pub struct Coverage {
     bytes: u64,
 }
 
+/// A received run of bytes, `(start, end)`.
+type Range = (u64, u64);
+
 /// Most separate ranges one file may have in flight: a sender interleaving tiny pieces
 /// would otherwise grow this without bound.
 pub const MAX_RANGES_PER_FILE: usize = 1 << 16;
 
 impl Coverage {
+    /// Refuses `[start, end)` if any of it was already received.
+    pub fn check_free(&self, start: u64, end: u64) -> Result<(), String> {
+        let (before, after) = self.neighbours(start);
+        if before.is_some_and(|(_, e)| e > start) || after.is_some_and(|(s, _)| s < end) {
+            return Err(format!("bytes {start}..{end} were already received"));
+        }
+        Ok(())
+    }
+
+    /// The ranges starting at or before `pos` and at or after it.
+    fn neighbours(&self, pos: u64) -> (Option<Range>, Option<Range>) {
+        let before = self.ranges.range(..=pos).next_back().map(|(&s, &e)| (s, e));
+        let after = self.ranges.range(pos..).next().map(|(&s, &e)| (s, e));
+        (before, after)
+    }
+
     /// Adds `[start, end)`; refuses overlap with what is already there.
     pub fn add(&mut self, start: u64, end: u64) -> Result<(), String> {
         if start == end {
             return Ok(());
         }
-        let before = self
-            .ranges
-            .range(..=start)
-            .next_back()
-            .map(|(&s, &e)| (s, e));
-        let after = self.ranges.range(start..).next().map(|(&s, &e)| (s, e));
-        if before.is_some_and(|(_, e)| e > start) || after.is_some_and(|(s, _)| s < end) {
-            return Err(format!("bytes {start}..{end} were already received"));
-        }
+        self.check_free(start, end)?;
+        let (before, after) = self.neighbours(start);
         let mut new_start = start;
         let mut new_end = end;
         if let Some((s, e)) = before.filter(|&(_, e)| e == start) {
@@ -199,8 +211,9 @@ pub struct Sink {
     target: Option<(Root, Placement)>,
     peer: String,
     session_tag: u64,
-    /// The session's segments carry digests: a block without them is refused.
-    require_digests: bool,
+    /// The checks the session agreed on (`digest::check_flags`): a block without them is
+    /// refused.
+    required_checks: u8,
     limits: SinkLimits,
     /// Files of more than one block bypass the page cache (see [`WriteMode`]).
     direct: bool,
@@ -221,7 +234,7 @@ impl Sink {
         target: Option<(Root, Placement)>,
         peer: String,
         session_tag: u64,
-        require_digests: bool,
+        required_checks: u8,
         limits: SinkLimits,
     ) -> Sink {
         let direct = target
@@ -231,7 +244,7 @@ impl Sink {
             target,
             peer,
             session_tag,
-            require_digests,
+            required_checks,
             limits,
             direct,
             slots: Mutex::default(),
@@ -398,10 +411,10 @@ impl Sink {
     /// arrival fails its file. Per-file failures come back as resolutions; `Err` ends the
     /// session.
     pub fn place_block(&self, block: Block, out: &mut Vec<Resolution>) -> Result<(), Error> {
-        if self.require_digests && !block.digests_checked {
+        if block.checks & self.required_checks != self.required_checks {
             return Err(Error::protocol(
                 &self.peer,
-                "a block without the segment digests this session agreed on",
+                "a block without the checks this session agreed on",
             ));
         }
         let mut pos = 0usize;
@@ -510,6 +523,13 @@ impl Sink {
         if state.abandoned {
             return Ok(None);
         }
+        // Refused before a byte of it is written (a race between two writers with
+        // overlapping data is still caught when the range is recorded).
+        let end = seg.offset + u64::from(seg.len);
+        state
+            .coverage
+            .check_free(seg.offset, end)
+            .map_err(|e| Error::protocol(&self.peer, format!("{}: {e}", self.show(&slot.dest))))?;
         if state.temp.is_none() {
             if self.open_files.load(Ordering::Relaxed) >= self.limits.max_open_files {
                 return Err(Error::Limit(format!(
@@ -584,8 +604,14 @@ impl Sink {
             }));
         };
         self.open_files.fetch_sub(1, Ordering::Relaxed);
-        // Every writer drops its clone before recording its range, so we are the last.
-        let temp = Arc::try_unwrap(temp).expect("no other writer holds a complete file");
+        // Every writer drops its clone before recording its range, so only a writer
+        // holding data that overlaps the complete file can still hold one.
+        let Ok(temp) = Arc::try_unwrap(temp) else {
+            return Err(Error::protocol(
+                &self.peer,
+                format!("{}: overlapping data for one file", self.show(&slot.dest)),
+            ));
+        };
         let committed = temp
             .commit(slot.mode, slot.mtime_sec, slot.mtime_nsec)
             .map_err(|e| Error::local("rename into place", self.show(&slot.dest), e));
@@ -645,7 +671,7 @@ fn is_fatal(e: &Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::digest::{digest_of, PayloadVerifier};
+    use crate::digest::{check_flags, digest_of, PayloadVerifier};
     use proptest::prelude::*;
 
     #[test]
@@ -747,34 +773,128 @@ mod tests {
         digest: [u8; 16],
         last: bool,
     ) -> Block {
+        let flags = if last { Segment::FLAG_LAST } else { 0 };
+        let seg = (id, offset, flags, data, digest);
+        received_many(pool, check_flags(false, true), &[seg])
+    }
+
+    /// One segment as a test sends it: file id, offset, flags, bytes, digest.
+    type Sent<'a> = (u64, u64, u32, &'a [u8], [u8; 16]);
+
+    /// A block of `segments` with the header flags `checks` (no payload CRC), checked as a
+    /// channel checks what it receives.
+    fn received_many(pool: &crate::pool::Pool, checks: u8, segments: &[Sent]) -> Block {
         let mut block = pool.take(&crate::pool::Cancel::default()).unwrap();
-        block.space()[..data.len()].copy_from_slice(data);
-        block.len = data.len();
-        block.segments.push(Segment {
-            file_id: id,
-            offset,
-            len: data.len() as u32,
-            flags: if last { Segment::FLAG_LAST } else { 0 },
-            digest,
-        });
+        for &(file_id, offset, flags, data, digest) in segments {
+            let at = block.len;
+            block.space()[at..at + data.len()].copy_from_slice(data);
+            block.len += data.len();
+            block.segments.push(Segment {
+                file_id,
+                offset,
+                len: data.len() as u32,
+                flags,
+                digest,
+            });
+        }
         let header = wanxfer_proto::BlockHeader {
-            flags: wanxfer_proto::BlockHeader::FLAG_SEGMENT_DIGESTS,
-            segment_count: 1,
-            payload_len: data.len() as u32,
+            flags: checks,
+            segment_count: segments.len() as u16,
+            payload_len: block.len as u32,
             ..Default::default()
         };
         let mut check = PayloadVerifier::new(&header, &block.segments);
         check.update(&block.segments, block.payload());
         block.damaged = check.finish(&block.segments);
-        block.digests_checked = true;
+        block.checks = checks;
         block
+    }
+
+    /// Small files packed in one block: a file whose bytes do not match its digest fails
+    /// alone, and the files beside it land.
+    #[test]
+    fn a_packed_block_fails_only_its_damaged_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = sink_in(dir.path());
+        let files: [&[u8]; 3] = [b"first file", b"second, damaged", b"third file"];
+        for (id, (name, data)) in ["a", "b", "c"].iter().zip(files).enumerate() {
+            sink.apply_entry(id as u64, &entry(name, data.len() as u64))
+                .unwrap();
+        }
+        let segments: Vec<_> = files
+            .iter()
+            .enumerate()
+            .map(|(id, &data)| {
+                let digest = if id == 1 { [0xee; 16] } else { digest_of(data) };
+                (id as u64, 0, Segment::FLAG_LAST, data, digest)
+            })
+            .collect();
+        let pool = crate::pool::Pool::new(1, 4096);
+        let block = received_many(&pool, check_flags(false, true), &segments);
+        let mut out = Vec::new();
+        sink.place_block(block, &mut out).unwrap();
+        assert!(
+            matches!(
+                out.as_slice(),
+                [
+                    Resolution::Done { id: 0, .. },
+                    Resolution::Failed {
+                        id: 1,
+                        error: Error::Integrity { .. }
+                    },
+                    Resolution::Done { id: 2, .. }
+                ]
+            ),
+            "{out:?}"
+        );
+        assert_eq!(std::fs::read(dir.path().join("a")).unwrap(), files[0]);
+        assert_eq!(std::fs::read(dir.path().join("c")).unwrap(), files[2]);
+        assert!(!dir.path().join("b").exists());
+    }
+
+    /// Data overlapping what a file already received ends the session before a byte of
+    /// it is written.
+    #[test]
+    fn overlapping_data_is_refused_before_it_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = sink_in(dir.path());
+        sink.apply_entry(0, &entry("f", 3 * 4096)).unwrap();
+        let pool = crate::pool::Pool::new(1, 8192);
+        let mut out = Vec::new();
+        let first = [1u8; 4096];
+        let block = received(&pool, 0, 0, &first, digest_of(&first), false);
+        sink.place_block(block, &mut out).unwrap();
+        // The failed file's temporary is removed: keep it open to look inside.
+        let mut temp = std::fs::File::open(&temp_files_in(dir.path())[0]).unwrap();
+        let overlapping = [2u8; 8192];
+        let digest = digest_of(&overlapping);
+        let block = received(&pool, 0, 2048, &overlapping, digest, false);
+        let refused = sink.place_block(block, &mut out);
+        assert!(
+            matches!(refused, Err(Error::Protocol { .. })),
+            "{refused:?}"
+        );
+        let mut written = Vec::new();
+        std::io::Read::read_to_end(&mut temp, &mut written).unwrap();
+        assert!(written[..4096].iter().all(|&b| b == 1), "first bytes kept");
+        assert!(
+            written[4096..].iter().all(|&b| b == 0),
+            "nothing of the overlap"
+        );
     }
 
     fn sink_in(dir: &std::path::Path) -> Sink {
         let root = Root::open(dir).unwrap();
         let placement = Placement::resolve(&root, &RelPath::root(), 1).unwrap();
         let limits = SinkLimits::default();
-        Sink::new(Some((root, placement)), "test peer".into(), 9, true, limits)
+        let checks = check_flags(false, true);
+        Sink::new(
+            Some((root, placement)),
+            "test peer".into(),
+            9,
+            checks,
+            limits,
+        )
     }
 
     #[test]
@@ -815,7 +935,8 @@ mod tests {
     /// on coverage.
     #[test]
     fn discarding_completes_on_coverage_alone() {
-        let sink = Sink::new(None, "test peer".into(), 9, true, SinkLimits::default());
+        let checks = check_flags(false, true);
+        let sink = Sink::new(None, "test peer".into(), 9, checks, SinkLimits::default());
         let data = vec![0u8; 20_000];
         assert!(sink
             .apply_entry(0, &entry("synthetic", data.len() as u64))
@@ -887,7 +1008,7 @@ mod tests {
         sink.apply_entry(0, &entry("f", 4096)).unwrap();
         let pool = crate::pool::Pool::new(1, 4096);
         let mut block = received(&pool, 0, 0, &[1; 4096], [0; 16], true);
-        block.digests_checked = false;
+        block.checks = 0;
         block.damaged.clear();
         let refused = sink.place_block(block, &mut Vec::new());
         assert!(

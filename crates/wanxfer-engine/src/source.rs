@@ -3,7 +3,7 @@
 //! The [`Walker`] lists a tree depth-first, one directory handle per level, so memory and
 //! descriptors grow with depth, not with the number of files. The [`Planner`] turns files
 //! into block plans: a file of at least one block is cut into block-sized chunks read in
-//! order by one reader (so its digest is computed in the same pass); smaller files are
+//! order by one reader, each hashed as it is read; smaller files are
 //! packed many to a block (balman2013's aggregation), which is what lets 20,000 small files
 //! stream like one large one. Readers fill pool buffers and hand finished blocks to the
 //! channels; they never wait on the network except through the pool.
@@ -25,7 +25,7 @@ use crossbeam_channel::Sender;
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use wanxfer_proto::{BlockHeader, Entry, EntryKind, RelPath, Segment, MAX_SEGMENTS};
 
-use crate::digest::{digest_of, FileHasher, IN_CACHE_PIECE_BYTES};
+use crate::digest::{check_flags, digest_of, FileHasher, IN_CACHE_PIECE_BYTES};
 use crate::fs::{self, Kind, Meta, Root};
 use crate::pool::{recv_or_cancel, Block, Cancel, FileRange, Pool};
 use crate::Error;
@@ -678,7 +678,7 @@ impl Reader {
     /// block for a channel.
     fn finish_and_send(&self, mut block: Block, payload_crc: Option<u32>) -> Result<(), Error> {
         let header = BlockHeader {
-            flags: self.header_flags(payload_crc.is_some()),
+            flags: check_flags(payload_crc.is_some(), self.cfg.file_digest),
             segment_count: block.segments.len() as u16,
             payload_len: block.len as u32,
             payload_crc: payload_crc.unwrap_or(0),
@@ -688,17 +688,6 @@ impl Reader {
         let buf: &mut crate::pool::BlockBuf = &mut block;
         header.encode(&buf.segments, &mut buf.header);
         self.blocks.send(block).map_err(|_| Error::Cancelled)
-    }
-
-    fn header_flags(&self, payload_crc: bool) -> u8 {
-        let mut flags = 0;
-        if payload_crc {
-            flags |= BlockHeader::FLAG_PAYLOAD_CRC;
-        }
-        if self.cfg.file_digest {
-            flags |= BlockHeader::FLAG_SEGMENT_DIGESTS;
-        }
-        flags
     }
 
     /// The checks of `len` zero bytes, computed once per length: the synthetic source must

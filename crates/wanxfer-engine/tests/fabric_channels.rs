@@ -56,13 +56,13 @@ fn block_bytes(pool: &Pool, seq: u64) -> wanxfer_engine::pool::Block {
         offset: 0,
         len: BLOCK,
         flags: Segment::FLAG_LAST,
-        digest: [0; 16],
+        digest: wanxfer_engine::digest::digest_of(block.payload()),
     };
     let header = BlockHeader {
-        flags: BlockHeader::FLAG_PAYLOAD_CRC,
+        flags: BlockHeader::FLAG_SEGMENT_DIGESTS,
         segment_count: 1,
         payload_len: BLOCK,
-        payload_crc: crc32c::crc32c(block.payload()),
+        payload_crc: 0,
         session_tag: TAG,
         sequence: seq,
     };
@@ -100,6 +100,7 @@ fn blocks_cross_intact_and_teardown_revokes_every_registration() {
                 .iter()
                 .map(|b: wanxfer_engine::pool::Block| {
                     assert!(b.damaged.is_empty());
+                    assert_eq!(b.checks, BlockHeader::FLAG_SEGMENT_DIGESTS);
                     let seq = b.segments[0].file_id;
                     let expect: Vec<u8> = (0..BLOCK as u64).map(|i| (i ^ seq) as u8).collect();
                     assert!(b.payload() == expect.as_slice(), "block {seq} intact");

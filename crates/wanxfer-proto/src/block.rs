@@ -10,9 +10,11 @@
 //! The payload is checked per segment: with [`BlockHeader::FLAG_SEGMENT_DIGESTS`] every
 //! segment carries the XXH3-128 of its own bytes, which the receiver checks as the bytes
 //! arrive, before it writes them. One pass over each byte then both catches damage in
-//! transit and verifies every file end to end (a file is whole when its verified segments
-//! cover it), whatever order its chunks arrive in, so no stretch of a file is ever read
-//! back, and no per-file control message is needed on the small-file fast path. A session
+//! transit and verifies each file's bytes from the sender's read to the receiver's write
+//! (a file is whole when its verified segments cover it), whatever order its chunks arrive
+//! in, so no stretch of a file is ever read back, and no per-file control message is needed
+//! on the small-file fast path. A digest covers a segment's bytes; where they go (file and
+//! offset) is covered by the header CRC. A session
 //! without digests can carry a CRC-32C of the whole payload instead
 //! ([`BlockHeader::FLAG_PAYLOAD_CRC`]).
 
@@ -83,6 +85,11 @@ impl Segment {
                 what: "segment flags",
                 value: seg.flags.into(),
             });
+        }
+        // Honest senders never send one (empty files are created from the manifest), and a
+        // receiver would open a temporary for a file it then never writes.
+        if seg.len == 0 {
+            return Err(DecodeError::Invalid("empty segment"));
         }
         if seg.offset.checked_add(seg.len.into()).is_none() {
             return Err(DecodeError::Invalid("segment range overflows"));
@@ -326,6 +333,27 @@ mod tests {
         pieces.update(&[1; 5]);
         pieces.update(&[1; 11]);
         pieces.finish().unwrap();
+    }
+
+    /// The segment-digest flag survives the round trip; a flag this version does not know
+    /// is refused rather than ignored.
+    #[test]
+    fn known_flags_round_trip_and_unknown_ones_are_refused() {
+        let (mut h, segs) = sample();
+        h.flags = BlockHeader::FLAG_SEGMENT_DIGESTS;
+        let mut buf = Vec::new();
+        h.encode(&segs, &mut buf);
+        let (back, _) = decode_all(&buf).unwrap();
+        assert!(back.has_segment_digests() && !back.has_payload_crc());
+        h.flags = 4;
+        h.encode(&segs, &mut buf);
+        assert!(matches!(
+            decode_all(&buf),
+            Err(DecodeError::Unknown {
+                what: "block flags",
+                ..
+            })
+        ));
     }
 
     #[test]

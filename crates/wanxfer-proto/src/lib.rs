@@ -36,7 +36,8 @@ pub const PROTOCOL_VERSION: u16 = 4;
 /// Feature bits exchanged in [`Hello`]. A bit once used is never reused for something else:
 /// retired bits stay here as comments.
 pub mod features {
-    /// Blocks carry a CRC-32C of their payload.
+    /// Blocks can carry a CRC-32C of their payload (since protocol 4, only in sessions
+    /// without segment digests).
     pub const BLOCK_CRC32C: u64 = 1 << 0;
     /// Segments carry the 128-bit XXH3 digest of their bytes (whole files' digests before
     /// protocol version 4).

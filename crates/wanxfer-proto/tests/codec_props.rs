@@ -268,15 +268,15 @@ proptest! {
 
     #[test]
     fn block_headers_round_trip(
-        segs in prop::collection::vec((any::<u64>(), 0u64..u64::MAX / 2, 0u32..1 << 20, any::<bool>(), any::<[u8; 16]>()), 1..20),
-        tag in any::<u64>(), seq in any::<u64>(), crc in any::<u32>(),
+        segs in prop::collection::vec((any::<u64>(), 0u64..u64::MAX / 2, 1u32..1 << 20, any::<bool>(), any::<[u8; 16]>()), 1..20),
+        tag in any::<u64>(), seq in any::<u64>(), crc in any::<u32>(), flags in 0u8..4,
     ) {
         let segments: Vec<Segment> = segs.into_iter().map(|(file_id, offset, len, last, digest)| Segment {
             file_id, offset, len, flags: if last { Segment::FLAG_LAST } else { 0 }, digest,
         }).collect();
         let payload_len = segments.iter().map(|s| s.len).sum();
         prop_assume!(payload_len <= MAX_BLOCK_PAYLOAD);
-        let h = BlockHeader { flags: BlockHeader::FLAG_PAYLOAD_CRC, segment_count: segments.len() as u16, payload_len, payload_crc: crc, session_tag: tag, sequence: seq };
+        let h = BlockHeader { flags, segment_count: segments.len() as u16, payload_len, payload_crc: crc, session_tag: tag, sequence: seq };
         let mut buf = Vec::new();
         h.encode(&segments, &mut buf);
         let fixed: &[u8; BlockHeader::LEN] = buf[..BlockHeader::LEN].try_into().unwrap();

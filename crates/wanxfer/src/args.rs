@@ -180,11 +180,12 @@ pub struct CpArgs {
     /// Shared secret file (else WANXFER_SECRET).
     #[arg(long)]
     pub secret_file: Option<PathBuf>,
-    /// Skip the per-block checksum (measuring protocol cost); files are still verified
-    /// by their digest.
+    /// With --no-file-digest: no block CRC either, nothing is checked (measuring protocol
+    /// cost). On its own it changes nothing: the segment digests check every block.
     #[arg(long)]
     pub no_block_checksum: bool,
-    /// Skip the per-file digest check before rename. Unverified files may be corrupt.
+    /// Send no segment digests: files are renamed into place unverified and may be
+    /// corrupt (blocks still carry a CRC-32C, unless --no-block-checksum).
     #[arg(long)]
     pub no_file_digest: bool,
     /// Seconds to wait for a connection.

@@ -45,9 +45,10 @@ pub struct BenchArgs {
     /// before choosing `--io zerocopy` for a path.
     #[arg(long, default_value = "copy", value_delimiter = ',')]
     pub io: Vec<crate::args::IoArg>,
-    /// Measure without the per-block checksum too.
-    #[arg(long)]
-    pub no_block_checksum: bool,
+    /// Measure without checks too: no segment digests and no block CRC (protocol cost
+    /// alone). `--no-block-checksum` is its old name.
+    #[arg(long, alias = "no-block-checksum")]
+    pub no_checks: bool,
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -112,6 +113,8 @@ fn latency(args: &BenchArgs) -> Result<(), Error> {
 pub struct Point {
     /// The send mode the session used (`auto` as it was settled for this server).
     pub io: String,
+    /// Whether every block was checked (segment digests), or nothing was.
+    pub checked: bool,
     pub streams: u16,
     pub block_size: u32,
     pub depth: u16,
@@ -209,7 +212,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
         (None, Some(l)) => l.addr.clone(),
         (None, None) => unreachable!("a local server is started when none is given"),
     };
-    let checksums: &[bool] = if args.no_block_checksum {
+    let checks: &[bool] = if args.no_checks {
         &[true, false]
     } else {
         &[true]
@@ -221,30 +224,32 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
         "streams",
         "block",
         "depth",
-        "crc",
+        "check",
         "Gbit/s",
         "send CPU%",
         "recv CPU%",
         "send s/GB",
         "recv s/GB"
     );
-    let grid = checksums.iter().flat_map(|&crc| {
+    let grid = checks.iter().flat_map(|&check| {
         args.io.iter().flat_map(move |&io| {
             args.streams.iter().flat_map(move |&streams| {
                 args.block_sizes.iter().flat_map(move |&block| {
                     args.depths
                         .iter()
-                        .map(move |&depth| (crc, io, streams, block, depth))
+                        .map(move |&depth| (check, io, streams, block, depth))
                 })
             })
         })
     });
-    for (crc, io, streams, block, depth) in grid {
+    for (check, io, streams, block, depth) in grid {
         let tuning = Tuning {
             streams,
             block_size: block as u32,
             depth,
-            block_crc: crc,
+            // Digests check every block; without them nothing is checked.
+            block_crc: check,
+            file_digest: check,
             io: io.mode(),
             transport: args.transport.transport(),
             ..Tuning::default()
@@ -256,7 +261,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
             p.streams,
             block,
             p.depth,
-            if crc { "on" } else { "off" },
+            if check { "on" } else { "off" },
             p.gbit_per_s,
             p.sender_cpu_percent,
             p.receiver_cpu_percent,
@@ -277,6 +282,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
 }
 
 fn measure(addr: &str, secret: &[u8], bytes: u64, tuning: Tuning) -> Result<Point, Error> {
+    let checked = tuning.file_digest;
     let cfg = ClientConfig {
         server: addr.to_string(),
         secret: secret.to_vec(),
@@ -294,6 +300,7 @@ fn measure(addr: &str, secret: &[u8], bytes: u64, tuning: Tuning) -> Result<Poin
     let recv = (r.peer_cpu.user_us + r.peer_cpu.sys_us) as f64 / 1e6;
     Ok(Point {
         io: r.io.mode.clone(),
+        checked,
         streams: r.streams,
         block_size: r.block_size,
         depth: r.depth,

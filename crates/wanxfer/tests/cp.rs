@@ -247,9 +247,8 @@ fn a_large_file_goes_both_ways_intact() {
         &site.server.url("big.bin"),
         back.as_os_str(),
     ]);
-    let json = pulled.assert_ok().json();
+    pulled.assert_ok();
     assert_eq!(node(&src), node(&back));
-    assert_eq!(json["block_checksum"], true, "{json}");
 
     // Blocks stream through a bounded pool: the file never sits in memory whole.
     let peak_kib = peak_rss_kib(site.server.pid());

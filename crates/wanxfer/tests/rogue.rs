@@ -264,9 +264,12 @@ fn escaping_destinations_forged_past_the_encoder_are_refused() {
 }
 
 /// An authenticated push session into the root.
-fn open_push_session(site: &Site) -> (RawPeer, Authenticated, SessionAccepted) {
+fn open_push_session(site: &Site, flags: u32) -> (RawPeer, Authenticated, SessionAccepted) {
     let (mut peer, auth) = RawPeer::authenticate(&site.server, SECRET);
-    peer.send(&Message::OpenSession(push_request("")));
+    peer.send(&Message::OpenSession(OpenSession {
+        flags,
+        ..push_request("")
+    }));
     let accepted = site.accepted(&mut peer);
     (peer, auth, accepted)
 }
@@ -277,7 +280,16 @@ fn session_ready_for_blocks(
     site: &Site,
     entries: Vec<Entry>,
 ) -> (RawPeer, RawPeer, SessionAccepted) {
-    let (mut control, auth, accepted) = open_push_session(site);
+    session_with_flags_ready_for_blocks(site, entries, 0)
+}
+
+/// As [`session_ready_for_blocks`], for a session asked for with `flags`.
+fn session_with_flags_ready_for_blocks(
+    site: &Site,
+    entries: Vec<Entry>,
+    flags: u32,
+) -> (RawPeer, RawPeer, SessionAccepted) {
+    let (mut control, auth, accepted) = open_push_session(site, flags);
     let data = join_channel(site, &auth, &accepted);
     announce(&mut control, entries);
     (control, data, accepted)
@@ -331,7 +343,7 @@ fn escaping_manifest_entries_are_refused_naming_the_entry() {
         (b"d/xx/xx/evil", b"d/../../evil"),
         (b"xevil", b"/evil"),
     ] {
-        let (mut peer, auth, accepted) = open_push_session(&site);
+        let (mut peer, auth, accepted) = open_push_session(&site, 0);
         let _data = join_channel(&site, &auth, &accepted);
         let manifest = Message::Manifest(Manifest {
             first_id: 0,
@@ -352,7 +364,7 @@ fn escaping_manifest_entries_are_refused_naming_the_entry() {
 #[test]
 fn forged_channel_proofs_are_refused() {
     let mut site = Site::new();
-    let (control, auth, accepted) = open_push_session(&site);
+    let (control, auth, accepted) = open_push_session(&site, 0);
     let proof = auth.channel_proof(&accepted.session_id, 0);
     let mut wrong_proof = proof;
     wrong_proof[0] ^= 1;
@@ -406,16 +418,29 @@ fn block(
     payload: &[u8],
     corrupt_in_transit: bool,
 ) -> Vec<u8> {
+    let checks = BlockHeader::FLAG_SEGMENT_DIGESTS;
+    raw_block(accepted, checks, &[seg], payload, corrupt_in_transit)
+}
+
+/// A block of `segments` over `payload` with the header flags `checks` (its payload CRC
+/// is always correct for `payload`), `corrupt_in_transit` as in [`block`].
+fn raw_block(
+    accepted: &SessionAccepted,
+    checks: u8,
+    segments: &[Segment],
+    payload: &[u8],
+    corrupt_in_transit: bool,
+) -> Vec<u8> {
     let header = BlockHeader {
-        flags: BlockHeader::FLAG_SEGMENT_DIGESTS,
-        segment_count: 1,
+        flags: checks,
+        segment_count: segments.len() as u16,
         payload_len: payload.len() as u32,
-        payload_crc: 0,
+        payload_crc: crc32c(payload),
         session_tag: u64::from_le_bytes(accepted.session_id[..8].try_into().unwrap()),
         sequence: 0,
     };
     let mut out = Vec::new();
-    header.encode(&[seg], &mut out);
+    header.encode(segments, &mut out);
     let start = out.len();
     out.extend_from_slice(payload);
     if corrupt_in_transit {
@@ -456,6 +481,65 @@ fn a_corrupt_block_is_caught_and_never_written() {
     assert!(String::from_utf8_lossy(&failure.message).contains("victim"));
     drop((control, data));
     assert!(!site.server.root.join("victim").exists());
+    site.assert_unharmed();
+}
+
+/// A sender that agreed on segment digests and sends a block with only a payload CRC
+/// ends the session, and nothing of that block is written.
+#[test]
+fn a_block_without_the_agreed_digests_ends_the_session() {
+    let mut site = Site::new();
+    let (mut control, mut data, accepted) =
+        session_ready_for_blocks(&site, vec![file_entry("f", 4)]);
+    let seg = whole_file_segment(4, [0; 16]);
+    data.send_raw(&raw_block(
+        &accepted,
+        BlockHeader::FLAG_PAYLOAD_CRC,
+        &[seg],
+        b"abcd",
+        false,
+    ));
+    match control.recv() {
+        None | Some(Message::Error(_)) => {}
+        other => panic!("expected the session to end, got {other:?}"),
+    }
+    drop((control, data));
+    assert!(!site.server.root.join("f").exists());
+    site.assert_unharmed();
+}
+
+/// In a session without digests the payload CRC is the check: a damaged block fails
+/// every file in it (the CRC cannot say which), as integrity failures.
+#[test]
+fn without_digests_the_payload_crc_catches_damage() {
+    let mut site = Site::new();
+    let flags = wanxfer_proto::session_flags::NO_FILE_DIGEST;
+    let entries = vec![file_entry("a", 4), file_entry("b", 4)];
+    let (mut control, mut data, accepted) =
+        session_with_flags_ready_for_blocks(&site, entries, flags);
+    let segments = [
+        whole_file_segment(4, [0; 16]),
+        Segment {
+            file_id: 1,
+            ..whole_file_segment(4, [0; 16])
+        },
+    ];
+    let crc = BlockHeader::FLAG_PAYLOAD_CRC;
+    data.send_raw(&raw_block(&accepted, crc, &segments, b"abcdefgh", true));
+    let mut failed = Vec::new();
+    while failed.len() < 2 {
+        match control.recv() {
+            Some(Message::FileFailed(f)) => {
+                assert_eq!(f.class, FailureClass::Integrity, "{f:?}");
+                failed.push(f.id);
+            }
+            other => panic!("expected FileFailed, got {other:?}"),
+        }
+    }
+    failed.sort_unstable();
+    assert_eq!(failed, [0, 1]);
+    drop((control, data));
+    assert!(!site.server.root.join("a").exists() && !site.server.root.join("b").exists());
     site.assert_unharmed();
 }
 

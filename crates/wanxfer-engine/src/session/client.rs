@@ -93,9 +93,13 @@ pub fn run_client(
     let mut control = Control::new(&stream, cfg.server.clone())?;
     let auth = authenticate(&mut stream, &mut control, &cfg.secret)?;
     let request = open_request(&job, &cfg.tuning);
+    let asked_flags = request.flags;
     control.send(&Message::OpenSession(request))?;
     let accepted = match read_message(&mut stream, &cfg.server)? {
-        Message::SessionAccepted(a) => a,
+        Message::SessionAccepted(a) => {
+            refuse_weaker_checks(asked_flags, a.flags, &cfg.server)?;
+            a
+        }
         Message::Error(e) => return Err(Error::remote(&cfg.server, &e)),
         other => {
             return Err(Error::protocol(
@@ -281,6 +285,20 @@ fn authenticate(
     }
 }
 
+/// The checks are the client's to choose: a server that answers with checks turned off
+/// that the client left on (which would have a pulling client write unverified files) is
+/// refused.
+fn refuse_weaker_checks(asked: u32, agreed: u32, server: &str) -> Result<(), Error> {
+    let off = session_flags::NO_FILE_DIGEST | session_flags::NO_BLOCK_CHECKSUM;
+    if agreed & off & !asked != 0 {
+        return Err(Error::protocol(
+            server,
+            "the server's answer turns off checks this client asked for",
+        ));
+    }
+    Ok(())
+}
+
 fn open_request(job: &ClientJob, tuning: &Tuning) -> OpenSession {
     let mut flags = 0;
     if !tuning.block_crc {
@@ -392,7 +410,7 @@ fn run_role(
                 target,
                 peer.to_string(),
                 params.session_tag,
-                params.file_digest,
+                params.check_flags(),
                 SinkLimits {
                     write,
                     ..SinkLimits::default()
@@ -452,5 +470,26 @@ fn finish(core: &mut Core) -> Result<Stats, Error> {
                 ))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wanxfer_proto::session_flags::{DISCARD, NO_BLOCK_CHECKSUM, NO_FILE_DIGEST};
+
+    #[test]
+    fn a_server_may_not_turn_off_checks_the_client_left_on() {
+        assert!(refuse_weaker_checks(0, 0, "s").is_ok());
+        assert!(refuse_weaker_checks(NO_FILE_DIGEST, NO_FILE_DIGEST, "s").is_ok());
+        assert!(refuse_weaker_checks(0, DISCARD, "s").is_ok());
+        let refused = refuse_weaker_checks(0, NO_FILE_DIGEST, "s");
+        assert!(
+            matches!(refused, Err(Error::Protocol { .. })),
+            "{refused:?}"
+        );
+        assert!(
+            refuse_weaker_checks(NO_FILE_DIGEST, NO_FILE_DIGEST | NO_BLOCK_CHECKSUM, "s").is_err()
+        );
     }
 }

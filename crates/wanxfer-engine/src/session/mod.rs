@@ -52,7 +52,11 @@ pub struct Tuning {
     pub writers: usize,
     /// Files announced ahead of acknowledgement: bounds both sides' per-file memory.
     pub window: u32,
+    /// A payload CRC-32C for each block where no digests check them (see
+    /// [`Params::block_crc`]); with digests on it changes nothing.
     pub block_crc: bool,
+    /// Every segment carries the XXH3-128 of its bytes: the check on every byte, and
+    /// what verifies files end to end.
     pub file_digest: bool,
     /// How this side sends file bytes (local, never negotiated).
     pub io: IoMode,
@@ -137,6 +141,11 @@ impl Params {
         self.io = self.io.resolve(peer_on_this_host, reads_every_byte);
     }
 
+    /// The checks every block of this session carries (`digest::check_flags`).
+    pub fn check_flags(&self) -> u8 {
+        crate::digest::check_flags(self.block_crc, self.file_digest)
+    }
+
     /// Buffers in this side's pool: every channel's queue plus one in the hands of each
     /// channel, reader and writer.
     pub fn pool_blocks(&self) -> usize {
@@ -166,3 +175,35 @@ fn random<const N: usize>() -> Result<[u8; N], crate::Error> {
 pub const DISCARD_PATH: &[u8] = b"dev/null";
 /// The source name that means "generate": memory-to-memory runs, never a file.
 pub const SYNTHETIC_PATH: &[u8] = b"dev/zero";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wanxfer_proto::session_flags::{NO_BLOCK_CHECKSUM, NO_FILE_DIGEST};
+
+    fn agreed(flags: u32) -> Params {
+        let accepted = wanxfer_proto::SessionAccepted {
+            session_id: [1; 16],
+            streams: 1,
+            block_size: 1 << 20,
+            depth: 2,
+            window: 16,
+            flags,
+        };
+        Params::from_accepted(&accepted, 1, 1, IoMode::Auto)
+    }
+
+    /// Digests check every block, so a payload CRC is sent only in a session without
+    /// them, and only if it was not turned off too.
+    #[test]
+    fn the_payload_crc_only_stands_in_for_missing_digests() {
+        let checks = |flags| {
+            let p = agreed(flags);
+            (p.file_digest, p.block_crc)
+        };
+        assert_eq!(checks(0), (true, false));
+        assert_eq!(checks(NO_BLOCK_CHECKSUM), (true, false));
+        assert_eq!(checks(NO_FILE_DIGEST), (false, true));
+        assert_eq!(checks(NO_FILE_DIGEST | NO_BLOCK_CHECKSUM), (false, false));
+    }
+}

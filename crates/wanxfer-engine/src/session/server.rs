@@ -486,7 +486,7 @@ impl Connection {
                     target,
                     self.peer.clone(),
                     params.session_tag,
-                    params.file_digest,
+                    params.check_flags(),
                     limits,
                 );
                 Ok(Role::Receive(Arc::new(sink)))

@@ -38,7 +38,7 @@ use wanxfer_proto::{
 };
 
 use super::check_header;
-use crate::digest::PayloadVerifier;
+use crate::digest::{check_flags, PayloadVerifier};
 use crate::fs::DIRECT_ALIGN;
 use crate::pool::{Block, Cancel, Pool, SlotArena, CANCEL_POLL};
 use crate::progress::Progress;
@@ -563,7 +563,7 @@ fn take_block_in_place(
     let mut check = PayloadVerifier::new(&header, &block.segments);
     check.update(&block.segments, block.payload());
     block.damaged = check.finish(&block.segments);
-    block.digests_checked = header.has_segment_digests();
+    block.checks = check_flags(header.has_payload_crc(), header.has_segment_digests());
     Ok(())
 }
 
@@ -583,12 +583,14 @@ mod tests {
 
     /// Writes a block of `payload` for `seg` into a fresh slot-sized buffer with its payload
     /// at `payload_at`; the buffer and the byte count a write would announce.
-    fn landed(seg: Segment, payload: &[u8], payload_at: Option<usize>) -> (Block, usize) {
+    /// The segment carries the digest of `payload`.
+    fn landed(mut seg: Segment, payload: &[u8], payload_at: Option<usize>) -> (Block, usize) {
+        seg.digest = crate::digest::digest_of(payload);
         let header = BlockHeader {
-            flags: BlockHeader::FLAG_PAYLOAD_CRC,
+            flags: BlockHeader::FLAG_SEGMENT_DIGESTS,
             segment_count: 1,
             payload_len: payload.len() as u32,
-            payload_crc: crc32c::crc32c(payload),
+            payload_crc: 0,
             session_tag: TAG,
             sequence: 0,
         };
@@ -622,6 +624,19 @@ mod tests {
         assert_eq!(block.start % DIRECT_ALIGN, 0);
         assert_eq!(block.payload(), &payload[..]);
         assert!(block.damaged.is_empty());
+        assert_eq!(block.checks, BlockHeader::FLAG_SEGMENT_DIGESTS);
+    }
+
+    /// A byte changed in the slot (a bad write, a stale key) is caught where it lies, and
+    /// the segment is marked damaged for the writers.
+    #[test]
+    fn a_damaged_chunk_is_marked_where_it_lies() {
+        let payload = vec![5u8; 10_000];
+        let (mut block, len) = landed(chunk(1 << 20, payload.len()), &payload, None);
+        let at = len - 1;
+        block.space()[at] ^= 0x20;
+        take_block_in_place(&mut block, len, &limits(), "peer").unwrap();
+        assert_eq!(block.damaged, [true]);
     }
 
     /// A whole file in one block goes unpadded: it is never written direct.

@@ -14,7 +14,7 @@ use wanxfer_proto::{BlockHeader, Segment};
 
 use super::zerocopy::{self, InFlight};
 use super::{check_header, BlockRx, BlockTx};
-use crate::digest::{PayloadVerifier, IN_CACHE_PIECE_BYTES};
+use crate::digest::{check_flags, PayloadVerifier, IN_CACHE_PIECE_BYTES};
 use crate::pool::{Block, Cancel, FileRange, Pool};
 use crate::Error;
 
@@ -236,7 +236,7 @@ impl BlockRx for TcpChannel {
         }
         block.len = len;
         block.damaged = check.finish(&block.segments);
-        block.digests_checked = header.has_segment_digests();
+        block.checks = check_flags(header.has_payload_crc(), header.has_segment_digests());
         Ok(Some(block))
     }
 }
