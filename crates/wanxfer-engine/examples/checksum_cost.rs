@@ -5,7 +5,7 @@
 //!
 //! The last lines show why both ends check a block piece by piece: a 4 MiB block copied
 //! in (as `recv` or `pread` does) and then checked comes back from memory, while each
-//! 256 KiB piece checked right after its copy is still in the core's cache.
+//! piece (`IN_CACHE_PIECE_BYTES`) checked right after its copy is still in the core's cache.
 //!
 //! `cargo run --release -p wanxfer-engine --example checksum_cost [-- MiB]`
 
