@@ -14,6 +14,8 @@
 use twox_hash::XxHash3_128;
 use wanxfer_proto::{BlockHeader, PayloadCheck, Segment};
 
+use crate::pool::BlockBuf;
+
 /// How much data is read (from a socket or a file) before the digest runs over it: small
 /// enough that the piece, and what the copy that brought it touched, are still in the
 /// core's cache when the digest reads it; large enough that the extra system calls cost
@@ -68,6 +70,8 @@ pub fn digest_of(data: &[u8]) -> [u8; 16] {
 pub struct PayloadVerifier {
     crc: PayloadCheck,
     digests: bool,
+    /// The checks the header names (`check_flags`).
+    checks: u8,
     /// The segment being hashed, and how many of its bytes are still to come.
     segment: usize,
     left: usize,
@@ -82,6 +86,7 @@ impl PayloadVerifier {
         PayloadVerifier {
             crc: header.payload_check(),
             digests: header.has_segment_digests(),
+            checks: check_flags(header.has_payload_crc(), header.has_segment_digests()),
             segment: 0,
             left: segments.first().map_or(0, |s| s.len as usize),
             hasher: None,
@@ -142,6 +147,13 @@ impl PayloadVerifier {
             return vec![true; segments.len()];
         }
         self.damaged
+    }
+
+    /// Records on `block`, once its whole payload went through [`PayloadVerifier::update`],
+    /// which of its segments are damaged and which checks its bytes passed through.
+    pub fn settle(self, block: &mut BlockBuf) {
+        block.checks = self.checks;
+        block.damaged = self.finish(&block.segments);
     }
 }
 

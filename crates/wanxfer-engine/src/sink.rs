@@ -805,8 +805,7 @@ mod tests {
         };
         let mut check = PayloadVerifier::new(&header, &block.segments);
         check.update(&block.segments, block.payload());
-        block.damaged = check.finish(&block.segments);
-        block.checks = checks;
+        check.settle(&mut block);
         block
     }
 

@@ -599,10 +599,18 @@ impl Reader {
             let mut block = self.pool.take(&self.cancel)?;
             let len = (job.size - offset).min(block.capacity() as u64) as usize;
             let checks = if zeros {
-                self.zero_checks(len)
+                self.zero_checks(&job, len)?
             } else if must_read {
                 let buf = &mut block.space()[..len];
-                match read_checked(file.as_deref(), &job, offset, buf, &self.cfg) {
+                let crc = self.cfg.block_crc.then_some(0);
+                match read_checked(
+                    file.as_deref(),
+                    &job,
+                    offset,
+                    buf,
+                    self.cfg.file_digest,
+                    crc,
+                ) {
                     Ok(checks) => checks,
                     Err(e) => {
                         self.fail(job.id, e);
@@ -635,35 +643,32 @@ impl Reader {
         Ok(())
     }
 
-    /// Packs whole small files into one block. Each file's digest (or its share of the
-    /// block's CRC) is computed right after it is read, while it is still in cache.
+    /// Packs whole small files into one block, each read and checked as a chunk is. A
+    /// file that cannot be read leaves no bytes, and no share of the block's CRC.
     fn send_packed(&self, jobs: Vec<FileJob>) -> Result<(), Error> {
         let mut block = self.pool.take(&self.cancel)?;
         let mut crc = self.cfg.block_crc.then_some(0u32);
         let mut pos = 0usize;
         for job in jobs {
             let size = job.size as usize;
-            let read =
-                self.dir.borrow_mut().open(&job).and_then(|file| {
-                    fill(file.as_ref(), &job, 0, &mut block.space()[pos..pos + size])
-                });
-            if let Err(e) = read {
-                self.fail(job.id, e);
-                continue;
-            }
-            let data = block.slice(pos, size);
-            let digest = if self.cfg.file_digest {
-                digest_of(data)
-            } else {
-                [0; 16]
+            let buf = &mut block.space()[pos..pos + size];
+            let read = self.dir.borrow_mut().open(&job).and_then(|file| {
+                read_checked(file.as_ref(), &job, 0, buf, self.cfg.file_digest, crc)
+            });
+            let checks = match read {
+                Ok(checks) => checks,
+                Err(e) => {
+                    self.fail(job.id, e);
+                    continue;
+                }
             };
-            crc = crc.map(|crc| crc32c::crc32c_append(crc, data));
+            crc = checks.crc;
             block.segments.push(Segment {
                 file_id: job.id,
                 offset: 0,
                 len: size as u32,
                 flags: Segment::FLAG_LAST,
-                digest,
+                digest: checks.digest,
             });
             pos += size;
         }
@@ -692,26 +697,20 @@ impl Reader {
 
     /// The checks of `len` zero bytes, computed once per length: the synthetic source must
     /// cost the sender nothing but the send itself.
-    fn zero_checks(&self, len: usize) -> Checks {
+    fn zero_checks(&self, job: &FileJob, len: usize) -> Result<Checks, Error> {
         let mut cache = self
             .shared
             .zero_checks
             .lock()
             .expect("no panics while held");
         if let Some(&(_, checks)) = cache.iter().find(|(l, _)| *l == len) {
-            return checks;
+            return Ok(checks);
         }
-        let zeros = vec![0u8; len];
-        let checks = Checks {
-            crc: self.cfg.block_crc.then(|| crc32c::crc32c(&zeros)),
-            digest: if self.cfg.file_digest {
-                digest_of(&zeros)
-            } else {
-                [0; 16]
-            },
-        };
+        let crc = self.cfg.block_crc.then_some(0);
+        let mut zeros = vec![0u8; len];
+        let checks = read_checked(None, job, 0, &mut zeros, self.cfg.file_digest, crc)?;
         cache.push((len, checks));
-        checks
+        Ok(checks)
     }
 }
 
@@ -769,33 +768,37 @@ fn dir_path(rel: &RelPath) -> &OsStr {
 }
 
 /// Reads `buf.len()` bytes of `job` at `offset` a cache-sized piece at a time, and runs
-/// the checks `cfg` asks for over each piece while it is still in the core's cache
-/// ([`IN_CACHE_PIECE_BYTES`]): over a whole 4 MiB block read first, they would read it
-/// back from memory.
+/// the checks over each piece while it is still in the core's cache
+/// ([`IN_CACHE_PIECE_BYTES`]; over a whole 4 MiB block read first, they would read it back
+/// from memory): the digest if `digest`, and the payload CRC continued from `crc` if there
+/// is one (a packed block's CRC runs on over its files).
 fn read_checked(
     file: Option<&File>,
     job: &FileJob,
-    offset: u64,
+    mut offset: u64,
     buf: &mut [u8],
-    cfg: &ReaderConfig,
+    digest: bool,
+    mut crc: Option<u32>,
 ) -> Result<Checks, Error> {
-    let mut hasher = cfg.file_digest.then(FileHasher::new);
-    let mut crc = cfg.block_crc.then_some(0u32);
-    let mut at = offset;
+    // Within one piece (most small files) one-shot hashing afterwards skips the streaming
+    // state, which costs more than the hash for a 4 KiB file.
+    let mut hasher = (digest && buf.len() > IN_CACHE_PIECE_BYTES).then(FileHasher::new);
     for piece in buf.chunks_mut(IN_CACHE_PIECE_BYTES) {
-        fill(file, job, at, piece)?;
+        fill(file, job, offset, piece)?;
         if let Some(hasher) = hasher.as_mut() {
             hasher.update(piece);
         }
         if let Some(crc) = crc.as_mut() {
             *crc = crc32c::crc32c_append(*crc, piece);
         }
-        at += piece.len() as u64;
+        offset += piece.len() as u64;
     }
-    Ok(Checks {
-        crc,
-        digest: hasher.map_or([0; 16], |h| h.digest()),
-    })
+    let digest = match hasher {
+        Some(hasher) => hasher.digest(),
+        None if digest => digest_of(buf),
+        None => [0; 16],
+    };
+    Ok(Checks { crc, digest })
 }
 
 /// Reads exactly `buf.len()` bytes at `offset`; a file that shrank since it was listed

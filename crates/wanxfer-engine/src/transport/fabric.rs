@@ -38,7 +38,7 @@ use wanxfer_proto::{
 };
 
 use super::check_header;
-use crate::digest::{check_flags, PayloadVerifier};
+use crate::digest::PayloadVerifier;
 use crate::fs::DIRECT_ALIGN;
 use crate::pool::{Block, Cancel, Pool, SlotArena, CANCEL_POLL};
 use crate::progress::Progress;
@@ -562,8 +562,7 @@ fn take_block_in_place(
     block.len = payload_len;
     let mut check = PayloadVerifier::new(&header, &block.segments);
     check.update(&block.segments, block.payload());
-    block.damaged = check.finish(&block.segments);
-    block.checks = check_flags(header.has_payload_crc(), header.has_segment_digests());
+    check.settle(block);
     Ok(())
 }
 

@@ -14,7 +14,7 @@ use wanxfer_proto::{BlockHeader, Segment};
 
 use super::zerocopy::{self, InFlight};
 use super::{check_header, BlockRx, BlockTx};
-use crate::digest::{check_flags, PayloadVerifier, IN_CACHE_PIECE_BYTES};
+use crate::digest::{PayloadVerifier, IN_CACHE_PIECE_BYTES};
 use crate::pool::{Block, Cancel, FileRange, Pool};
 use crate::Error;
 
@@ -235,8 +235,7 @@ impl BlockRx for TcpChannel {
             check.update(segments, piece);
         }
         block.len = len;
-        block.damaged = check.finish(&block.segments);
-        block.checks = check_flags(header.has_payload_crc(), header.has_segment_digests());
+        check.settle(&mut block);
         Ok(Some(block))
     }
 }
