@@ -13,20 +13,16 @@ use std::hint::black_box;
 
 use std::time::Instant;
 use wanxfer_engine::digest::{digest_of, FileHasher, IN_CACHE_PIECE_BYTES};
-
-fn thread_cpu_seconds() -> f64 {
-    let cpu = wanxfer_engine::progress::thread_cpu();
-    (cpu.user_us + cpu.sys_us) as f64 / 1e6
-}
+use wanxfer_engine::progress::thread_cpu;
 
 fn measure(name: &str, data: &[u8], rounds: usize, mut f: impl FnMut(&[u8]) -> u128) {
-    let (cpu0, t0) = (thread_cpu_seconds(), Instant::now());
+    let (cpu0, t0) = (thread_cpu().seconds(), Instant::now());
     let mut acc = 0u128;
     for _ in 0..rounds {
         acc ^= f(black_box(data));
     }
     black_box(acc);
-    let (cpu, wall) = (thread_cpu_seconds() - cpu0, t0.elapsed().as_secs_f64());
+    let (cpu, wall) = (thread_cpu().seconds() - cpu0, t0.elapsed().as_secs_f64());
     let gb = (data.len() * rounds) as f64 / 1e9;
     println!(
         "{name:<22} {:>7.2} GB/s  {:>6.3} CPU s/GB",

@@ -15,11 +15,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 
 use wanxfer_engine::digest::FileHasher;
-
-fn process_cpu_seconds() -> f64 {
-    let cpu = wanxfer_engine::progress::process_cpu();
-    (cpu.user_us + cpu.sys_us) as f64 / 1e6
-}
+use wanxfer_engine::progress::process_cpu;
 
 /// The reader's checks over one block.
 fn check(block: &[u8], hasher: &mut FileHasher) -> u32 {
@@ -70,9 +66,9 @@ impl Drop for Mapping {
 }
 
 fn measure(name: &str, size: u64, read_all: impl FnOnce() -> u32) {
-    let cpu0 = process_cpu_seconds();
+    let cpu0 = process_cpu().seconds();
     black_box(read_all());
-    let cpu = process_cpu_seconds() - cpu0;
+    let cpu = process_cpu().seconds() - cpu0;
     println!("{name:<34} {:>6.3} CPU s/GB", cpu / (size as f64 / 1e9));
 }
 

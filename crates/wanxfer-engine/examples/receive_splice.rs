@@ -15,14 +15,10 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
+use wanxfer_engine::progress::process_cpu;
 
 const BLOCK: usize = 4 << 20;
 const PIECE: usize = 256 << 10;
-
-fn process_cpu_seconds() -> f64 {
-    let cpu = wanxfer_engine::progress::process_cpu();
-    (cpu.user_us + cpu.sys_us) as f64 / 1e6
-}
 
 /// A loopback connection whose far end writes `bytes` from a buffer and exits.
 fn connected_sender(bytes: u64) -> (TcpStream, std::thread::JoinHandle<()>) {
@@ -154,10 +150,10 @@ fn main() {
                 .open(&path)
                 .expect("create the target file");
             let (mut stream, sender) = connected_sender(bytes);
-            let (cpu0, t0) = (process_cpu_seconds(), std::time::Instant::now());
+            let (cpu0, t0) = (process_cpu().seconds(), std::time::Instant::now());
             std::hint::black_box(way(&mut stream, &file, bytes));
             sender.join().expect("sender thread");
-            let cpu = process_cpu_seconds() - cpu0;
+            let cpu = process_cpu().seconds() - cpu0;
             let gb = bytes as f64 / 1e9;
             let gbit = gb * 8.0 / t0.elapsed().as_secs_f64();
             println!("{name:<32} {gbit:>6.2} Gbit/s {:>6.3} CPU s/GB", cpu / gb);

@@ -63,6 +63,7 @@ use std::time::Instant;
 
 use rustix::fs::{Mode, OFlags};
 use wanxfer_engine::digest::{digest_of, IN_CACHE_PIECE_BYTES};
+use wanxfer_engine::progress::thread_cpu;
 
 struct Options {
     big: PathBuf,
@@ -158,18 +159,13 @@ impl Outcome {
     }
 }
 
-fn thread_cpu_seconds() -> f64 {
-    let cpu = wanxfer_engine::progress::thread_cpu();
-    (cpu.user_us + cpu.sys_us) as f64 / 1e6
-}
-
 /// Runs `work` on a thread named for profiles, which returns the CPU it used.
 fn named_thread(name: String, work: impl FnOnce() + Send + 'static) -> JoinHandle<f64> {
     std::thread::Builder::new()
         .name(name)
         .spawn(move || {
             work();
-            thread_cpu_seconds()
+            thread_cpu().seconds()
         })
         .expect("spawn a thread")
 }
@@ -461,13 +457,16 @@ fn report(workload: &str, outcomes: &[Outcome]) {
 
 /// One round of `workload` over `streams` connections. Memory to memory moves twice the
 /// big file's size, as the bench moves 8 GiB against a 4 GiB file.
-fn run(workload: &str, options: &Options, small: &SmallFiles, streams: usize) -> Outcome {
+fn run(
+    workload: &str,
+    options: &Options,
+    small: &SmallFiles,
+    big_size: u64,
+    streams: usize,
+) -> Outcome {
     let (block, checks) = (options.block, options.checks);
     match workload {
-        "memory" => {
-            let big_size = std::fs::metadata(&options.big).expect("stat --big").len();
-            memory_to_memory(2 * big_size, block, streams, checks)
-        }
+        "memory" => memory_to_memory(2 * big_size, block, streams, checks),
         "big" => one_big_file(&options.big, &options.dest, block, streams, checks),
         _ => many_small_files(small, &options.dest, streams, checks),
     }
@@ -495,7 +494,7 @@ fn main() {
         let mut rounds: Vec<Vec<Outcome>> = chosen.iter().map(|_| Vec::new()).collect();
         for _ in 0..options.rounds {
             for (workload, outcomes) in chosen.iter().zip(&mut rounds) {
-                outcomes.push(run(workload, &options, &small, streams));
+                outcomes.push(run(workload, &options, &small, big_size, streams));
             }
         }
         for (workload, outcomes) in chosen.iter().zip(&rounds) {

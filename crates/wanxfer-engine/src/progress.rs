@@ -58,6 +58,13 @@ pub struct CpuTime {
     pub sys_us: u64,
 }
 
+impl CpuTime {
+    /// User and system time together, in seconds, as reports and benchmarks show it.
+    pub fn seconds(self) -> f64 {
+        (self.user_us + self.sys_us) as f64 / 1e6
+    }
+}
+
 fn rusage(who: libc::c_int) -> CpuTime {
     // SAFETY: getrusage only writes into the struct we pass; a zeroed rusage is valid.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };

@@ -296,8 +296,7 @@ fn measure(addr: &str, secret: &[u8], bytes: u64, tuning: Tuning) -> Result<Poin
     let r = run_client(&cfg, job, Arc::new(Progress::default()))?;
     let secs = r.seconds.max(1e-9);
     let gb = r.bytes as f64 / 1e9;
-    let send = (r.cpu.user_us + r.cpu.sys_us) as f64 / 1e6;
-    let recv = (r.peer_cpu.user_us + r.peer_cpu.sys_us) as f64 / 1e6;
+    let (send, recv) = (r.cpu.seconds(), r.peer_cpu.seconds());
     Ok(Point {
         io: r.io.mode.clone(),
         checked,

@@ -399,7 +399,7 @@ impl Connection {
                 stats.files,
                 outcome.failures.len(),
                 stats.bytes as f64 * 8.0 / secs / 1e9,
-                (cpu.user_us + cpu.sys_us) as f64 / 1e6,
+                cpu.seconds(),
             );
             core.control.send(&Message::Stats(stats))
         });
