@@ -55,13 +55,16 @@ pub enum Kind {
 }
 
 /// Metadata of an entry, as read with `fstatat(AT_SYMLINK_NOFOLLOW)`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Meta {
     pub kind: Kind,
     pub size: u64,
     pub mode: u32,
     pub mtime_sec: i64,
     pub mtime_nsec: u32,
+    /// Change time: moves on any write, also one that puts the mtime back.
+    pub ctime_sec: i64,
+    pub ctime_nsec: u32,
 }
 
 impl Root {
@@ -223,6 +226,8 @@ fn meta_from_stat(st: &rustix::fs::Stat) -> Meta {
         mode: st.st_mode & 0o7777,
         mtime_sec: st.st_mtime,
         mtime_nsec: st.st_mtime_nsec as u32,
+        ctime_sec: st.st_ctime,
+        ctime_nsec: st.st_ctime_nsec as u32,
     }
 }
 
@@ -252,14 +257,65 @@ pub fn open_subdir(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
     )?)
 }
 
-/// Opens regular file `name` of `dir` for reading without following a symlink.
+/// Opens regular file `name` of `dir` for reading without following a symlink. It is
+/// opened without blocking (a FIFO put where a file was listed would otherwise block the
+/// open until someone writes to it) and refused unless it is a regular file.
 pub fn open_file_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<File> {
-    Ok(File::from(rustix::fs::openat(
+    let file = File::from(rustix::fs::openat(
         dir,
         OsStr::from_bytes(name),
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
         Mode::empty(),
-    )?))
+    )?);
+    if fd_meta(file.as_fd())?.kind != Kind::File {
+        return Err(io::Error::other(
+            "not a regular file (it was replaced since it was listed)",
+        ));
+    }
+    Ok(file)
+}
+
+/// Sets the permission bits of regular file `name` in `dir` to `mode` if they differ
+/// (a file skipped as up to date still gets the source's mode).
+pub fn fix_mode_at(dir: BorrowedFd<'_>, name: &[u8], mode: u32) -> io::Result<()> {
+    let file = open_file_at(dir, name)?;
+    let st = rustix::fs::fstat(&file)?;
+    if st.st_mode & MODE_MASK != mode & MODE_MASK {
+        rustix::fs::fchmod(&file, Mode::from_raw_mode(mode & MODE_MASK))?;
+    }
+    Ok(())
+}
+
+/// Copies `len` bytes at `offset` from `from` to the same place in `to`, in the kernel
+/// where it can.
+pub fn copy_range(from: &File, to: &File, offset: u64, len: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let (mut src, mut dst) = (offset, offset);
+    let end = offset + len;
+    while src < end {
+        let want = (end - src) as usize;
+        match rustix::fs::copy_file_range(from, Some(&mut src), to, Some(&mut dst), want) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(_) => {}
+            Err(
+                rustix::io::Errno::XDEV
+                | rustix::io::Errno::INVAL
+                | rustix::io::Errno::NOSYS
+                | rustix::io::Errno::OPNOTSUPP,
+            ) => {
+                let mut buf = vec![0u8; 1 << 20];
+                while src < end {
+                    let n = (end - src).min(buf.len() as u64) as usize;
+                    from.read_exact_at(&mut buf[..n], src)?;
+                    to.write_all_at(&buf[..n], src)?;
+                    src += n as u64;
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Reads the target of symlink `name` in `dir`.
@@ -343,19 +399,65 @@ pub struct TempFile {
     final_name: Vec<u8>,
     /// Mode bits the file already has, when created with its final mode.
     created_mode: Option<u32>,
-    session_tag: u64,
+    transfer_tag: u64,
     pub file: File,
     /// A second handle on the same file that bypasses the page cache, when writing direct.
     direct: Option<File>,
-    committed: bool,
+    /// Committed, or kept for a later run to resume: not removed on drop.
+    keep: bool,
 }
 
-/// The temporary name for `final_name` in this session: hidden, fixed length (so a
-/// 255-byte final name still fits), and distinct per session so that two sessions writing
-/// the same name never share a temporary.
-pub fn temp_name(session_tag: u64, final_name: &[u8]) -> Vec<u8> {
+/// The temporary name for `final_name` in this transfer: hidden, fixed length (so a
+/// 255-byte final name still fits), the same in every run of the transfer (so that a
+/// resumed run finds what an interrupted one wrote), and distinct between transfers, so
+/// that two of them writing the same name never share a temporary.
+pub fn temp_name(transfer_tag: u64, final_name: &[u8]) -> Vec<u8> {
     let hash = twox_hash::XxHash3_64::oneshot(final_name);
-    format!(".wanxfer-{session_tag:016x}-{hash:016x}.part").into_bytes()
+    format!(".wanxfer-{transfer_tag:016x}-{hash:016x}.part").into_bytes()
+}
+
+/// Whether `name` is one of wanxfer's temporary names.
+pub fn is_temp_name(name: &[u8]) -> bool {
+    name.starts_with(b".wanxfer-") && name.ends_with(b".part")
+}
+
+/// Makes everything written to the file system holding `fd` durable: data of every file
+/// (also unnamed ones), then the metadata that names them. One call covers a whole batch
+/// of files, where an `fsync` each would cost a journal commit each.
+pub fn sync_filesystem(fd: BorrowedFd<'_>) -> io::Result<()> {
+    Ok(rustix::fs::syncfs(fd)?)
+}
+
+/// Makes `file`'s data (and the metadata needed to read it back) durable.
+pub fn sync_data(file: &File) -> io::Result<()> {
+    Ok(rustix::fs::fdatasync(file)?)
+}
+
+/// Asks the kernel to start writing `file`'s dirty pages now, without waiting, so that a
+/// later sync of a whole batch finds most of them already on their way.
+pub fn start_writeback(file: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor; the flag only starts asynchronous writeback.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
+/// Gives back the disk space reserved for `[start, end)` of `file`, keeping its size.
+pub fn release_space(file: &File, start: u64, end: u64) -> io::Result<()> {
+    use rustix::fs::FallocateFlags;
+    if end <= start {
+        return Ok(());
+    }
+    match rustix::fs::fallocate(
+        file,
+        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+        start,
+        end - start,
+    ) {
+        Ok(()) | Err(rustix::io::Errno::OPNOTSUPP) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Whether a receiver writes files as unnamed `O_TMPFILE`s, learnt from its first file.
@@ -434,7 +536,7 @@ impl TempFile {
     pub fn create(
         dir: Arc<OwnedFd>,
         final_name: &[u8],
-        session_tag: u64,
+        transfer_tag: u64,
         mode: u32,
         unnamed: Option<&TempStrategy>,
     ) -> io::Result<TempFile> {
@@ -443,7 +545,14 @@ impl TempFile {
         let (fd, temp_name, created_mode) = match fd {
             Some(fd) => (fd, None, process_umask().map(|umask| mode & !umask)),
             None => {
-                let temp_name = temp_name(session_tag, final_name);
+                let temp_name = temp_name(transfer_tag, final_name);
+                // A temporary this transfer left where it could not resume it (its journal
+                // was lost) is ours to replace.
+                let _ = rustix::fs::unlinkat(
+                    dir.as_fd(),
+                    OsStr::from_bytes(&temp_name),
+                    AtFlags::empty(),
+                );
                 let fd = rustix::fs::openat(
                     dir.as_fd(),
                     OsStr::from_bytes(&temp_name),
@@ -462,11 +571,59 @@ impl TempFile {
             temp_name,
             final_name: final_name.to_vec(),
             created_mode,
-            session_tag,
+            transfer_tag,
             file: File::from(fd),
             direct: None,
-            committed: false,
+            keep: false,
         })
+    }
+
+    /// The named temporary an interrupted run of this transfer left for `final_name`, if
+    /// it is there and is a regular file (never through a symlink).
+    pub fn reopen(
+        dir: Arc<OwnedFd>,
+        final_name: &[u8],
+        transfer_tag: u64,
+    ) -> io::Result<Option<TempFile>> {
+        let temp_name = temp_name(transfer_tag, final_name);
+        let fd = match rustix::fs::openat(
+            dir.as_fd(),
+            OsStr::from_bytes(&temp_name),
+            OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::LOOP) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if fd_meta(fd.as_fd())?.kind != Kind::File {
+            return Ok(None);
+        }
+        Ok(Some(TempFile {
+            dir,
+            temp_name: Some(temp_name),
+            final_name: final_name.to_vec(),
+            created_mode: None,
+            transfer_tag,
+            file: File::from(fd),
+            direct: None,
+            keep: false,
+        }))
+    }
+
+    /// The temporary's name, if it has one.
+    pub fn name(&self) -> Option<&[u8]> {
+        self.temp_name.as_deref()
+    }
+
+    /// Leaves a named temporary in place when dropped, for a later run to resume.
+    pub fn keep(&mut self) {
+        self.keep = self.temp_name.is_some();
+    }
+
+    /// The directory the file is written in.
+    pub fn dir(&self) -> BorrowedFd<'_> {
+        self.dir.as_fd()
     }
 
     /// From now on, aligned writes bypass the page cache. The file is reopened through
@@ -545,13 +702,13 @@ impl TempFile {
         if self.temp_name.is_none() {
             match self.link_as(&self.final_name) {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    let temp_name = temp_name(self.session_tag, &self.final_name);
+                    let temp_name = temp_name(self.transfer_tag, &self.final_name);
                     self.link_as(&temp_name)?;
                     self.temp_name = Some(temp_name);
                 }
                 linked => {
                     linked?;
-                    self.committed = true;
+                    self.keep = true;
                     return Ok(());
                 }
             }
@@ -563,7 +720,7 @@ impl TempFile {
             self.dir.as_fd(),
             OsStr::from_bytes(&self.final_name),
         )?;
-        self.committed = true;
+        self.keep = true;
         Ok(())
     }
 
@@ -582,7 +739,7 @@ impl TempFile {
 impl Drop for TempFile {
     fn drop(&mut self) {
         // An unnamed file that was never linked vanishes with its descriptor.
-        if let (false, Some(temp_name)) = (self.committed, &self.temp_name) {
+        if let (false, Some(temp_name)) = (self.keep, &self.temp_name) {
             let _ = rustix::fs::unlinkat(
                 self.dir.as_fd(),
                 OsStr::from_bytes(temp_name),

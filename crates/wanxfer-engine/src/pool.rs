@@ -25,16 +25,25 @@ use crate::Error;
 /// How often a waiting thread looks at its [`Cancel`] token.
 pub const CANCEL_POLL: Duration = Duration::from_millis(50);
 
-/// Set once when a session must stop; every blocking wait in the engine checks it.
+/// Set once when a session must stop; every blocking wait in the engine checks it. A
+/// token may be linked to others (a session's to its server's), and is then cancelled
+/// as soon as any of them is.
 #[derive(Debug, Clone, Default)]
-pub struct Cancel(Arc<AtomicBool>);
+pub struct Cancel(Arc<AtomicBool>, Arc<[Cancel]>);
 
 impl Cancel {
+    /// A token cancelled by its own `cancel` or by any of `parents`'.
+    pub fn linked(parents: &[&Cancel]) -> Cancel {
+        Cancel(
+            Arc::default(),
+            parents.iter().map(|c| (*c).clone()).collect(),
+        )
+    }
     pub fn cancel(&self) {
         self.0.store(true, Ordering::SeqCst);
     }
     pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.0.load(Ordering::SeqCst) || self.1.iter().any(Cancel::is_cancelled)
     }
 }
 

@@ -11,6 +11,8 @@ use std::sync::OnceLock;
 pub struct Progress {
     /// Payload bytes moved over the data channels.
     pub bytes: AtomicU64,
+    /// Bytes not moved because the receiver had them: files up to date, ranges resumed.
+    pub bytes_skipped: AtomicU64,
     /// Files verified and in place (or, discarding, fully received).
     pub files: AtomicU64,
     /// Bytes and files announced so far; final once the manifest is complete.
@@ -41,9 +43,24 @@ pub struct IoUse {
 }
 
 impl Progress {
+    /// Starts counting a new attempt of a transfer.
+    pub fn reset_totals(&self) {
+        for counter in [
+            &self.bytes,
+            &self.bytes_skipped,
+            &self.files,
+            &self.total_bytes,
+            &self.total_files,
+            &self.failed_files,
+        ] {
+            counter.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes done (moved or found in place), files done, and the totals announced.
     pub fn snapshot(&self) -> (u64, u64, u64, u64) {
         (
-            self.bytes.load(Ordering::Relaxed),
+            self.bytes.load(Ordering::Relaxed) + self.bytes_skipped.load(Ordering::Relaxed),
             self.files.load(Ordering::Relaxed),
             self.total_bytes.load(Ordering::Relaxed),
             self.total_files.load(Ordering::Relaxed),

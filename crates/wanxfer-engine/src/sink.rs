@@ -1,32 +1,47 @@
-//! The front end of the receiving side: where each entry lands and when a file is done.
+//! The front end of the receiving side: where each entry lands, what is already there,
+//! and when a file is done.
+//!
+//! Applying an entry decides what the sender must send of it. A file whose size and mtime
+//! match the one already in place is skipped (the quick check); a file an interrupted run
+//! of this transfer left half written is resumed from its named temporary, whose verified
+//! ranges the journal lists, and which the sender checks against its source before they
+//! count; with comparison by checksum, a file of the same size offers its own chunks'
+//! digests. Everything else is received whole.
 //!
 //! Blocks arrive on any channel in any order, so a file is finished not when "its last
-//! block" arrives but when its [`Coverage`] is complete. Every segment was checked against
-//! its digest by the channel as it arrived (`digest::PayloadVerifier`), before a byte of it
-//! is written here, so a complete file is a verified one whatever order its chunks came
-//! in: the writer applies mode and mtime and renames it into place, and nothing is ever
-//! read back. A segment that failed its check fails its file alone: the cause (a source
-//! file that changed while it was read, a bad bit in one buffer) says nothing about the
-//! other files, so they still land and only that file is reported. Everything the peer says is checked against the manifest and local limits
-//! first: unknown ids, ranges past the announced size, overlapping data, or more files in
-//! progress than we allow end the session with a protocol or limit error, never a panic.
+//! block" arrives but when its coverage is complete. Every segment was checked against its
+//! digest by the channel as it arrived (`digest::PayloadVerifier`), before a byte of it is
+//! written here, so a complete file is a verified one whatever order its chunks came in.
+//! A complete file goes to the [`Committer`](crate::commit::Committer), which makes it
+//! durable, gives it its final name, and only then reports it done. A segment that failed
+//! its check fails its file alone, and so does any other failure that concerns one file (a
+//! directory that cannot be created where the tree needs one, a name the file system
+//! refuses): the rest of the tree lands. Everything the peer says is checked against the
+//! manifest and local limits first: unknown ids, ranges past the announced size,
+//! overlapping data, or more files in progress than we allow end the session with a
+//! protocol or limit error, never a panic.
 //!
 //! This module does not read sockets; it is fed blocks by the transport and entries by the
 //! session.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use wanxfer_proto::{Entry, EntryKind, RelPath, Segment};
+use wanxfer_proto::{Compare, Entry, EntryKind, HeldRange, RelPath, Segment};
+use wanxfer_session::journal::Record;
+use wanxfer_session::{Applied, Coverage, Failure};
 
+use crate::commit::{Committer, Complete, Report, Symlink};
 use crate::fs::{self, DirCache, Kind, Root, TempFile, TempStrategy, WriteMode};
 use crate::pool::Block;
 use crate::progress::IoUse;
+use crate::session::state::JournalFile;
 use crate::Error;
 
-/// Where a transfer's top-level names land, decided once per session like `cp -r`.
+/// Where a transfer's top-level names land, decided once per transfer like `cp -r`.
 #[derive(Debug, Clone)]
 pub struct Placement {
     /// Directory (beneath the root) that receives the top-level entries.
@@ -37,40 +52,82 @@ pub struct Placement {
     pub allowed_tops: Option<Vec<Vec<u8>>>,
 }
 
+/// The first component of every path the engine keeps for itself beneath a served root;
+/// peers may neither write nor read it.
+pub const RESERVED_NAME: &[u8] = b".wanxfer";
+
 impl Placement {
-    /// `cp -r` semantics for destination `dest` beneath `root` and `source_count` sources:
-    /// into `dest` if it is a directory, onto `dest` if there is one source, an error
-    /// otherwise.
-    pub fn resolve(root: &Root, dest: &RelPath, source_count: u32) -> Result<Placement, Error> {
+    /// Where `source_count` sources land beneath `dest`, and how that was decided
+    /// (`Into` or `Onto`) so that later runs of the transfer land in the same place:
+    /// - `Resolve` (a first run): `cp -r`: into `dest` if it is a directory, onto it if
+    ///   there is one source, an error otherwise;
+    /// - `Into` (a trailing slash, or an earlier run's choice): into `dest`, which is
+    ///   created if missing (its parent must exist);
+    /// - `Onto`: the single source takes `dest`'s name.
+    pub fn decide(
+        root: &Root,
+        dest: &RelPath,
+        source_count: u32,
+        asked: wanxfer_proto::Placement,
+    ) -> Result<(Placement, wanxfer_proto::Placement), Error> {
+        use wanxfer_proto::Placement as Wire;
         let into = |base: RelPath| Placement {
             base,
             rename_top: None,
             allowed_tops: None,
         };
-        match root.meta(dest)? {
-            Some(m) if m.kind == Kind::Dir => Ok(into(dest.clone())),
-            _ if source_count == 1 => {
-                let (parent, name) = dest.split_last().expect("the root is a directory");
-                match root.meta(&parent)? {
-                    Some(m) if m.kind == Kind::Dir => Ok(Placement {
-                        base: parent,
-                        rename_top: Some(name.to_vec()),
-                        allowed_tops: None,
-                    }),
-                    _ => Err(Error::Refused {
-                        path: root.show(&parent),
-                        reason: "the destination's parent directory does not exist".into(),
-                    }),
-                }
+        let is_dir = |rel: &RelPath| -> Result<Option<bool>, Error> {
+            Ok(root.meta(rel)?.map(|m| m.kind == Kind::Dir))
+        };
+        let onto = |dest: &RelPath| -> Result<Placement, Error> {
+            let (parent, name) = dest.split_last().ok_or_else(|| Error::Refused {
+                path: root.show(dest),
+                reason: "a single source cannot take the name of the root".into(),
+            })?;
+            match is_dir(&parent)? {
+                Some(true) => Ok(Placement {
+                    base: parent,
+                    rename_top: Some(name.to_vec()),
+                    allowed_tops: None,
+                }),
+                _ => Err(Error::Refused {
+                    path: root.show(&parent),
+                    reason: "the destination's parent directory does not exist".into(),
+                }),
             }
-            Some(_) => Err(Error::Refused {
-                path: root.show(dest),
-                reason: "copying several sources needs a directory as destination".into(),
-            }),
-            None => Err(Error::Refused {
-                path: root.show(dest),
-                reason: "the destination directory does not exist".into(),
-            }),
+        };
+        match asked {
+            Wire::Into => match is_dir(dest)? {
+                Some(true) => Ok((into(dest.clone()), Wire::Into)),
+                Some(false) => Err(Error::Refused {
+                    path: root.show(dest),
+                    reason: "the destination exists and is not a directory".into(),
+                }),
+                None => {
+                    let (parent, name) = dest.split_last().expect("a missing path is not the root");
+                    let dir = root.dir(&parent)?;
+                    fs::ensure_dir(dir.as_fd(), name)
+                        .map_err(|e| Error::local("create directory", root.show(dest), e))?;
+                    let created = root.dir(dest)?;
+                    fs::apply_meta(created.as_fd(), 0o755, now_sec(), 0)
+                        .map_err(|e| Error::local("set directory metadata", root.show(dest), e))?;
+                    Ok((into(dest.clone()), Wire::Into))
+                }
+            },
+            Wire::Onto if source_count == 1 => Ok((onto(dest)?, Wire::Onto)),
+            Wire::Onto => Err(Error::Usage("several sources cannot take one name".into())),
+            _ => match is_dir(dest)? {
+                Some(true) => Ok((into(dest.clone()), Wire::Into)),
+                _ if source_count == 1 => Ok((onto(dest)?, Wire::Onto)),
+                Some(false) => Err(Error::Refused {
+                    path: root.show(dest),
+                    reason: "copying several sources needs a directory as destination".into(),
+                }),
+                None => Err(Error::Refused {
+                    path: root.show(dest),
+                    reason: "the destination directory does not exist".into(),
+                }),
+            },
         }
     }
 
@@ -85,80 +142,28 @@ impl Placement {
             }
         }
         let top = self.rename_top.as_deref().unwrap_or(top);
-        self.base
+        let mapped = self
+            .base
             .join(top)
             .and_then(|p| p.concat(&rest))
-            .map_err(|e| format!("{path}: {e}"))
+            .map_err(|e| format!("{path}: {e}"))?;
+        if mapped
+            .split_first()
+            .is_some_and(|(first, _)| first == RESERVED_NAME)
+        {
+            return Err(format!(
+                "{path}: {} is reserved",
+                String::from_utf8_lossy(RESERVED_NAME)
+            ));
+        }
+        Ok(mapped)
     }
 }
 
-/// Which byte ranges of a file have arrived, as merged intervals.
-#[derive(Debug, Default)]
-pub struct Coverage {
-    ranges: BTreeMap<u64, u64>,
-    bytes: u64,
-}
-
-/// A received run of bytes, `(start, end)`.
-type Range = (u64, u64);
-
-/// Most separate ranges one file may have in flight: a sender interleaving tiny pieces
-/// would otherwise grow this without bound.
-pub const MAX_RANGES_PER_FILE: usize = 1 << 16;
-
-impl Coverage {
-    /// Refuses `[start, end)` if any of it was already received.
-    pub fn check_free(&self, start: u64, end: u64) -> Result<(), String> {
-        let (before, after) = self.neighbours(start);
-        if before.is_some_and(|(_, e)| e > start) || after.is_some_and(|(s, _)| s < end) {
-            return Err(format!("bytes {start}..{end} were already received"));
-        }
-        Ok(())
-    }
-
-    /// The ranges starting at or before `pos` and at or after it.
-    fn neighbours(&self, pos: u64) -> (Option<Range>, Option<Range>) {
-        let before = self.ranges.range(..=pos).next_back().map(|(&s, &e)| (s, e));
-        let after = self.ranges.range(pos..).next().map(|(&s, &e)| (s, e));
-        (before, after)
-    }
-
-    /// Adds `[start, end)`; refuses overlap with what is already there.
-    pub fn add(&mut self, start: u64, end: u64) -> Result<(), String> {
-        if start == end {
-            return Ok(());
-        }
-        self.check_free(start, end)?;
-        let (before, after) = self.neighbours(start);
-        let mut new_start = start;
-        let mut new_end = end;
-        if let Some((s, e)) = before.filter(|&(_, e)| e == start) {
-            self.ranges.remove(&s);
-            new_start = s;
-            debug_assert_eq!(e, start);
-        }
-        if let Some((s, e)) = after.filter(|&(s, _)| s == end) {
-            self.ranges.remove(&s);
-            new_end = e;
-        }
-        if self.ranges.len() >= MAX_RANGES_PER_FILE {
-            return Err("the file arrived in too many separate pieces".into());
-        }
-        self.ranges.insert(new_start, new_end);
-        self.bytes += end - start;
-        Ok(())
-    }
-
-    pub fn is_complete(&self, size: u64) -> bool {
-        self.bytes == size
-    }
-}
-
-/// A file the receiver has finished with, either way.
-#[derive(Debug)]
-pub enum Resolution {
-    Done { id: u64, bytes: u64 },
-    Failed { id: u64, error: Error },
+fn now_sec() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 #[derive(Debug)]
@@ -179,6 +184,14 @@ struct SlotState {
     /// open a temporary for it (which would count against the open-file limit forever)
     /// nor record its data.
     abandoned: bool,
+    /// The file's number in the journal, once its named temporary is journaled.
+    journaled: Option<u32>,
+    /// Verified ranges not yet in the journal, and their bytes.
+    unjournaled: Vec<HeldRange>,
+    unjournaled_bytes: u64,
+    /// Compare by checksum: the held ranges are in the file in place, and are copied into
+    /// the temporary once the sender confirms them.
+    in_place: bool,
 }
 
 #[derive(Debug)]
@@ -194,6 +207,14 @@ struct DirMeta {
 pub struct SinkLimits {
     pub max_open_files: usize,
     pub write: WriteMode,
+    /// Which files already in place are skipped.
+    pub compare: Compare,
+    /// Files are durable before they are acknowledged (`--no-fsync` turns it off).
+    pub durable: bool,
+    /// Verified bytes of one partial file between journal checkpoints.
+    pub checkpoint_bytes: u64,
+    /// The session's block size: what the chunks of a file compared by checksum are.
+    pub block_size: u64,
 }
 
 impl Default for SinkLimits {
@@ -201,16 +222,19 @@ impl Default for SinkLimits {
         SinkLimits {
             max_open_files: 512,
             write: WriteMode::Auto,
+            compare: Compare::QuickCheck,
+            durable: true,
+            checkpoint_bytes: 64 << 20,
+            block_size: 4 << 20,
         }
     }
 }
 
 /// Where received data goes: files beneath a root, or nowhere (memory-to-memory).
-#[derive(Debug)]
 pub struct Sink {
     target: Option<(Root, Placement)>,
     peer: String,
-    session_tag: u64,
+    transfer_tag: u64,
     /// The checks the session agreed on (`digest::check_flags`): a block without them is
     /// refused.
     required_checks: u8,
@@ -226,24 +250,46 @@ pub struct Sink {
     /// Bytes written with `O_DIRECT`, and the first reason files were not, for the report.
     direct_bytes: AtomicU64,
     io_fallback: OnceLock<String>,
+    journal: Option<Arc<JournalFile>>,
+    committer: Option<Committer>,
+    report: Report,
+}
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sink")
+            .field("peer", &self.peer)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Sink {
-    /// `target` is `None` to discard data after checking it.
+    /// `target` is `None` to discard data after checking it. `report` hears of every file
+    /// that waited for data: in place (durable, named) or failed.
     pub fn new(
         target: Option<(Root, Placement)>,
         peer: String,
-        session_tag: u64,
+        transfer_tag: u64,
         required_checks: u8,
         limits: SinkLimits,
-    ) -> Sink {
+        journal: Option<Arc<JournalFile>>,
+        report: Report,
+    ) -> Result<Sink, Error> {
         let direct = target
             .as_ref()
             .is_some_and(|(root, _)| limits.write.is_direct_beneath(root.fd()));
-        Sink {
+        let committer = match target {
+            Some(_) => Some(Committer::start(
+                limits.durable,
+                journal.clone(),
+                report.clone(),
+            )?),
+            None => None,
+        };
+        Ok(Sink {
             target,
             peer,
-            session_tag,
+            transfer_tag,
             required_checks,
             limits,
             direct,
@@ -255,7 +301,10 @@ impl Sink {
             open_files: AtomicUsize::new(0),
             direct_bytes: AtomicU64::new(0),
             io_fallback: OnceLock::new(),
-        }
+            journal,
+            committer,
+            report,
+        })
     }
 
     /// How this side wrote what it received, for the session's report.
@@ -297,30 +346,31 @@ impl Sink {
         }
     }
 
-    /// Takes in one manifest entry. Directories, symlinks and empty files are done at
-    /// once; a file with data becomes pending (`Ok(None)`) until its blocks arrive.
-    /// `Err` is for failures that must end the session (a full disk, say).
-    pub fn apply_entry(&self, id: u64, entry: &Entry) -> Result<Option<Resolution>, Error> {
+    /// Takes in one manifest entry and says what the sender must send of it.
+    /// Directories, symlinks and files already in place need nothing; a file with data
+    /// waits for it (and may hold part of it already); one that cannot be received here
+    /// fails alone. `Err` is for failures that end the session (a full disk, a peer
+    /// breaking the protocol).
+    pub fn apply_entry(&self, id: u64, entry: &Entry) -> Result<Applied, Error> {
         let Some((root, placement)) = &self.target else {
             return Ok(self.discard_entry(id, entry));
         };
-        let dest = match placement.map(&entry.path) {
-            Ok(dest) => dest,
-            Err(reason) => return Err(Error::protocol(&self.peer, reason)),
-        };
+        let dest = placement
+            .map(&entry.path)
+            .map_err(|reason| Error::protocol(&self.peer, reason))?;
         match self.place_entry(root, id, &dest, entry) {
-            Ok(done) => Ok(done),
+            Ok(applied) => Ok(applied),
             Err(e) if is_fatal(&e) => Err(e),
-            Err(error) => Ok(Some(Resolution::Failed { id, error })),
+            Err(error) => Ok(Applied::Failed(failure(&error))),
         }
     }
 
-    fn discard_entry(&self, id: u64, entry: &Entry) -> Option<Resolution> {
+    fn discard_entry(&self, id: u64, entry: &Entry) -> Applied {
         if entry.kind != EntryKind::File || entry.size == 0 {
-            return Some(Resolution::Done { id, bytes: 0 });
+            return Applied::Done;
         }
-        self.insert_slot(id, entry.path.clone(), entry);
-        None
+        self.insert_slot(id, entry.path.clone(), entry, SlotState::default());
+        Applied::Pending
     }
 
     fn place_entry(
@@ -329,13 +379,25 @@ impl Sink {
         id: u64,
         dest: &RelPath,
         entry: &Entry,
-    ) -> Result<Option<Resolution>, Error> {
+    ) -> Result<Applied, Error> {
         let (parent, name) = dest.split_last().ok_or_else(|| Error::Refused {
             path: root.show(dest),
             reason: "an entry names the destination root itself".into(),
         })?;
-        let dir = self.dirs_cache.get(root, &parent)?;
+        let dir = self.dirs_cache.get(root, &parent).map_err(|e| match e {
+            Error::Refused { path, reason } => Error::Refused {
+                path,
+                reason: format!("cannot place {} there: {reason}", root.show(dest)),
+            },
+            other => other,
+        })?;
         let io = |op, e| Error::local(op, root.show(dest), e);
+        let existing = fs::meta_at(dir.as_fd(), name).map_err(|e| io("stat", e))?;
+        let compare = self.limits.compare != Compare::Always;
+        let committer = self
+            .committer
+            .as_ref()
+            .expect("a sink with a target commits");
         match entry.kind {
             EntryKind::Dir => {
                 fs::ensure_dir(dir.as_fd(), name).map_err(|e| io("create directory", e))?;
@@ -348,45 +410,191 @@ impl Sink {
                         mtime_sec: entry.mtime_sec,
                         mtime_nsec: entry.mtime_nsec,
                     });
+                Ok(Applied::Done)
             }
-            EntryKind::Symlink => fs::place_symlink(
-                dir.as_fd(),
-                name,
-                &entry.link_target,
-                self.session_tag,
-                entry.mtime_sec,
-                entry.mtime_nsec,
-            )
-            .map_err(|e| io("create symlink", e))?,
-            EntryKind::File if entry.size == 0 => {
-                let temp =
-                    TempFile::create(dir, name, self.session_tag, entry.mode, Some(&self.temps))
-                        .map_err(|e| io("create", e))?;
-                temp.commit(entry.mode, entry.mtime_sec, entry.mtime_nsec)
-                    .map_err(|e| io("rename into place", e))?;
+            EntryKind::Symlink => {
+                if compare
+                    && existing.is_some_and(|m| m.kind == Kind::Symlink)
+                    && fs::read_link_at(dir.as_fd(), name).is_ok_and(|t| t == entry.link_target)
+                {
+                    return Ok(Applied::UpToDate);
+                }
+                committer.symlink(
+                    id,
+                    Symlink {
+                        dir,
+                        name: name.to_vec(),
+                        target: entry.link_target.clone(),
+                        tag: self.transfer_tag,
+                        mtime_sec: entry.mtime_sec,
+                        mtime_nsec: entry.mtime_nsec,
+                        shown: root.show(dest),
+                    },
+                )?;
+                self.insert_slot(id, dest.clone(), entry, SlotState::default());
+                Ok(Applied::Pending)
             }
             EntryKind::File => {
-                self.insert_slot(id, dest.clone(), entry);
-                return Ok(None);
+                let same = existing.is_some_and(|m| {
+                    m.kind == Kind::File
+                        && m.size == entry.size
+                        && (m.mtime_sec, m.mtime_nsec) == (entry.mtime_sec, entry.mtime_nsec)
+                });
+                if compare && same {
+                    self.forget_partial(&dir, name, dest);
+                    fs::fix_mode_at(dir.as_fd(), name, entry.mode)
+                        .map_err(|e| io("set the mode of", e))?;
+                    return Ok(Applied::UpToDate);
+                }
+                if entry.size == 0 {
+                    let temp = TempFile::create(
+                        dir,
+                        name,
+                        self.transfer_tag,
+                        entry.mode,
+                        Some(&self.temps),
+                    )
+                    .map_err(|e| io("create", e))?;
+                    self.insert_slot(id, dest.clone(), entry, SlotState::default());
+                    self.complete(
+                        id,
+                        temp,
+                        entry.mode,
+                        entry.mtime_sec,
+                        entry.mtime_nsec,
+                        0,
+                        dest,
+                        None,
+                    )?;
+                    return Ok(Applied::Pending);
+                }
+                if let Some((state, held)) = self.resume(&dir, name, dest, entry)? {
+                    self.insert_slot(id, dest.clone(), entry, state);
+                    return Ok(Applied::Held(held));
+                }
+                if self.limits.compare == Compare::Checksum
+                    && existing.is_some_and(|m| m.kind == Kind::File && m.size == entry.size)
+                {
+                    let held = self
+                        .digests_in_place(&dir, name, entry.size)
+                        .map_err(|e| io("read", e))?;
+                    let state = SlotState {
+                        in_place: true,
+                        ..SlotState::default()
+                    };
+                    self.insert_slot(id, dest.clone(), entry, state);
+                    return Ok(Applied::Held(held));
+                }
+                self.insert_slot(id, dest.clone(), entry, SlotState::default());
+                Ok(Applied::Pending)
             }
-            _ => {
-                return Err(Error::Refused {
-                    path: root.show(dest),
-                    reason: "unsupported kind of entry".into(),
-                })
-            }
+            _ => Err(Error::Refused {
+                path: root.show(dest),
+                reason: "unsupported kind of entry".into(),
+            }),
         }
-        Ok(Some(Resolution::Done { id, bytes: 0 }))
     }
 
-    fn insert_slot(&self, id: u64, dest: RelPath, entry: &Entry) {
+    /// What an interrupted run of this transfer left of `dest`: its reopened temporary,
+    /// ready to be written again, and the verified ranges the journal lists for it (not
+    /// yet counted: the sender checks them first). A partial file of another version of
+    /// the source is dropped.
+    fn resume(
+        &self,
+        dir: &Arc<std::os::fd::OwnedFd>,
+        name: &[u8],
+        dest: &RelPath,
+        entry: &Entry,
+    ) -> Result<Option<(SlotState, Vec<HeldRange>)>, Error> {
+        let Some(journal) = &self.journal else {
+            return Ok(None);
+        };
+        let Some((file, partial)) = journal.replayed().find(dest.as_bytes()) else {
+            return Ok(None);
+        };
+        let same_source = partial.size == entry.size
+            && (partial.mtime_sec, partial.mtime_nsec) == (entry.mtime_sec, entry.mtime_nsec)
+            && partial.temp_name == fs::temp_name(self.transfer_tag, name);
+        let reopened = if same_source && !partial.ranges.is_empty() {
+            TempFile::reopen(dir.clone(), name, self.transfer_tag)
+                .map_err(|e| Error::local("reopen the partial file of", self.show(dest), e))?
+        } else {
+            None
+        };
+        let Some(mut temp) = reopened else {
+            self.forget_partial(dir, name, dest);
+            return Ok(None);
+        };
+        self.open_temp(&mut temp, entry.size, dest)?;
+        let state = SlotState {
+            temp: Some(Arc::new(temp)),
+            journaled: Some(file),
+            ..SlotState::default()
+        };
+        Ok(Some((state, partial.ranges.clone())))
+    }
+
+    /// Drops what an interrupted run left of `dest` (the file is in place, or its source
+    /// changed).
+    fn forget_partial(&self, dir: &std::os::fd::OwnedFd, name: &[u8], dest: &RelPath) {
+        let Some(journal) = &self.journal else { return };
+        if let Some((file, partial)) = journal.replayed().find(dest.as_bytes()) {
+            if fs::is_temp_name(&partial.temp_name) {
+                let _ = rustix::fs::unlinkat(
+                    dir,
+                    std::ffi::OsStr::from_bytes(&partial.temp_name),
+                    rustix::fs::AtFlags::empty(),
+                );
+            }
+            let _ = journal.append(&[Record::Closed { file }]);
+        }
+        let _ = name;
+    }
+
+    /// The digests of a file in place, chunk by chunk at the session's block boundaries,
+    /// for comparison by checksum.
+    fn digests_in_place(
+        &self,
+        dir: &std::os::fd::OwnedFd,
+        name: &[u8],
+        size: u64,
+    ) -> std::io::Result<Vec<HeldRange>> {
+        use std::os::unix::fs::FileExt;
+        let file = fs::open_file_at(dir.as_fd(), name)?;
+        let mut buf = vec![0u8; crate::digest::IN_CACHE_PIECE_BYTES];
+        let mut held = Vec::new();
+        for (offset, len) in wanxfer_session::chunks(&[(0, size)], self.limits.block_size) {
+            let mut hasher = crate::digest::FileHasher::new();
+            let mut at = 0u64;
+            while at < u64::from(len) {
+                let n = (u64::from(len) - at).min(buf.len() as u64) as usize;
+                file.read_exact_at(&mut buf[..n], offset + at)?;
+                hasher.update(&buf[..n]);
+                at += n as u64;
+            }
+            held.push(HeldRange {
+                offset,
+                len,
+                digest: hasher.digest(),
+            });
+            if held.len() >= wanxfer_proto::MAX_HELD_RANGES_PER_FILE {
+                break;
+            }
+        }
+        Ok(held)
+    }
+
+    fn insert_slot(&self, id: u64, dest: RelPath, entry: &Entry, state: SlotState) {
+        if state.temp.is_some() {
+            self.open_files.fetch_add(1, Ordering::Relaxed);
+        }
         let slot = Arc::new(Slot {
             dest,
             size: entry.size,
             mode: entry.mode,
             mtime_sec: entry.mtime_sec,
             mtime_nsec: entry.mtime_nsec,
-            state: Mutex::default(),
+            state: Mutex::new(state),
         });
         self.slots
             .lock()
@@ -404,13 +612,96 @@ impl Sink {
             if state.temp.take().is_some() {
                 self.open_files.fetch_sub(1, Ordering::Relaxed);
             }
+            if let (Some(file), Some(journal)) = (state.journaled, &self.journal) {
+                let _ = journal.append(&[Record::Closed { file }]);
+            }
         }
     }
 
+    /// The sender confirmed these held ranges of `id`: they count as received.
+    pub fn accept(&self, id: u64, ranges: &[HeldRange]) -> Result<(), Error> {
+        let Some(slot) = self.pending_slot(id)? else {
+            return Ok(());
+        };
+        let mut state = slot.state.lock().expect("no panics while held");
+        if state.abandoned {
+            return Ok(());
+        }
+        if state.in_place && !ranges.is_empty() {
+            let all = ranges.iter().map(|r| u64::from(r.len)).sum::<u64>() == slot.size;
+            if all {
+                // The file in place is the source's, byte for byte: only its metadata
+                // may differ.
+                drop(state);
+                return self.keep_in_place(id, &slot);
+            }
+            if let Err(e) = self.copy_in_place(&slot, &mut state, ranges) {
+                drop(state);
+                return self.fail_or_abort(id, e);
+            }
+        }
+        for r in ranges {
+            let end = r.offset + u64::from(r.len);
+            if end > slot.size {
+                return Err(Error::protocol(
+                    &self.peer,
+                    format!("{}: a held range past its size", self.show(&slot.dest)),
+                ));
+            }
+            state.coverage.add(r.offset, end).map_err(|e| {
+                Error::protocol(&self.peer, format!("{}: {e}", self.show(&slot.dest)))
+            })?;
+        }
+        if state.in_place {
+            // Copied into the temporary: journal them as any other verified range.
+            state.unjournaled.extend_from_slice(ranges);
+        }
+        self.maybe_complete(id, &slot, state)
+    }
+
+    fn keep_in_place(&self, id: u64, slot: &Slot) -> Result<(), Error> {
+        let Some((root, _)) = &self.target else {
+            return Ok(());
+        };
+        self.slots.lock().expect("no panics while held").remove(&id);
+        let (parent, name) = slot.dest.split_last().expect("files are never the root");
+        let result = self.dirs_cache.get(root, &parent).and_then(|dir| {
+            let file = fs::open_file_at(dir.as_fd(), name)
+                .map_err(|e| Error::local("open", self.show(&slot.dest), e))?;
+            fs::apply_meta(file.as_fd(), slot.mode, slot.mtime_sec, slot.mtime_nsec)
+                .map_err(|e| Error::local("set the metadata of", self.show(&slot.dest), e))
+        });
+        (self.report)(id, result);
+        Ok(())
+    }
+
+    /// Copies confirmed ranges of the file in place into a new temporary.
+    fn copy_in_place(
+        &self,
+        slot: &Slot,
+        state: &mut SlotState,
+        ranges: &[HeldRange],
+    ) -> Result<(), Error> {
+        let Some((root, _)) = &self.target else {
+            return Ok(());
+        };
+        let (parent, name) = slot.dest.split_last().expect("files are never the root");
+        let dir = self.dirs_cache.get(root, &parent)?;
+        let local = |op, e| Error::local(op, self.show(&slot.dest), e);
+        let source = fs::open_file_at(dir.as_fd(), name).map_err(|e| local("open", e))?;
+        let temp = self
+            .ensure_temp(slot, state, false)?
+            .expect("a sink with a target has temporaries");
+        for r in ranges {
+            fs::copy_range(&source, &temp.file, r.offset, u64::from(r.len))
+                .map_err(|e| local("copy", e))?;
+        }
+        Ok(())
+    }
+
     /// Places every segment of a received block; a segment that failed its check on
-    /// arrival fails its file. Per-file failures come back as resolutions; `Err` ends the
-    /// session.
-    pub fn place_block(&self, block: Block, out: &mut Vec<Resolution>) -> Result<(), Error> {
+    /// arrival fails its file. Per-file outcomes go to the report; `Err` ends the session.
+    pub fn place_block(&self, block: Block) -> Result<(), Error> {
         if block.checks & self.required_checks != self.required_checks {
             return Err(Error::protocol(
                 &self.peer,
@@ -422,32 +713,30 @@ impl Sink {
             let data = block.slice(pos, seg.len as usize);
             pos += seg.len as usize;
             if block.is_damaged(index) {
-                self.fail_damaged(seg, out)?;
+                self.fail_damaged(seg)?;
                 continue;
             }
-            if let Some(done) = self.place_segment(seg, data)? {
-                out.push(done);
-            }
+            self.place_segment(seg, data)?;
         }
         Ok(())
     }
 
-    fn fail_damaged(&self, seg: &Segment, out: &mut Vec<Resolution>) -> Result<(), Error> {
+    fn fail_damaged(&self, seg: &Segment) -> Result<(), Error> {
         let Some(slot) = self.pending_slot(seg.file_id)? else {
             return Ok(());
         };
         self.abandon(seg.file_id);
-        out.push(Resolution::Failed {
-            id: seg.file_id,
-            error: Error::Integrity {
+        (self.report)(
+            seg.file_id,
+            Err(Error::Integrity {
                 path: self.show(&slot.dest),
                 offset: seg.offset,
                 detail: format!(
                     "{} bytes from {} do not match the checksum sent with them",
                     seg.len, self.peer
                 ),
-            },
-        });
+            }),
+        );
         Ok(())
     }
 
@@ -480,9 +769,9 @@ impl Sink {
         ))
     }
 
-    fn place_segment(&self, seg: &Segment, data: &[u8]) -> Result<Option<Resolution>, Error> {
+    fn place_segment(&self, seg: &Segment, data: &[u8]) -> Result<(), Error> {
         let Some(slot) = self.pending_slot(seg.file_id)? else {
-            return Ok(None);
+            return Ok(());
         };
         let end = seg.offset + u64::from(seg.len);
         if end > slot.size {
@@ -516,9 +805,9 @@ impl Sink {
 
     /// Opens the file's temporary on first use.
     fn prepare(&self, seg: &Segment, slot: &Slot) -> Result<Option<Arc<TempFile>>, Error> {
-        let Some((root, _)) = &self.target else {
+        if self.target.is_none() {
             return Ok(None);
-        };
+        }
         let mut state = slot.state.lock().expect("no panics while held");
         if state.abandoned {
             return Ok(None);
@@ -530,6 +819,24 @@ impl Sink {
             .coverage
             .check_free(seg.offset, end)
             .map_err(|e| Error::protocol(&self.peer, format!("{}: {e}", self.show(&slot.dest))))?;
+        let whole = u64::from(seg.len) == slot.size;
+        self.ensure_temp(slot, &mut state, whole)
+    }
+
+    /// The file's temporary, created if it has none: a file that comes in one segment is
+    /// written in one call, needs nothing reserved, and is worth nothing if the session
+    /// dies, so it needs no name until it is complete. A larger file keeps a named
+    /// temporary while it grows (journaled, so that a later run resumes it), has its size
+    /// reserved, and is written direct where that pays.
+    fn ensure_temp(
+        &self,
+        slot: &Slot,
+        state: &mut SlotState,
+        whole: bool,
+    ) -> Result<Option<Arc<TempFile>>, Error> {
+        let Some((root, _)) = &self.target else {
+            return Ok(None);
+        };
         if state.temp.is_none() {
             if self.open_files.load(Ordering::Relaxed) >= self.limits.max_open_files {
                 return Err(Error::Limit(format!(
@@ -539,28 +846,22 @@ impl Sink {
             }
             let (parent, name) = slot.dest.split_last().expect("files are never the root");
             let dir = self.dirs_cache.get(root, &parent)?;
-            // A file that comes in one segment is written in one call: nothing to reserve,
-            // and nothing worth keeping if the session dies, so it needs no name until it
-            // is complete. A larger file keeps a named temporary while it grows, has its
-            // size reserved, and is written direct where that pays.
-            let whole = u64::from(seg.len) == slot.size;
             let unnamed = whole.then_some(&self.temps);
-            let mut temp = TempFile::create(dir, name, self.session_tag, slot.mode, unnamed)
+            let mut temp = TempFile::create(dir, name, self.transfer_tag, slot.mode, unnamed)
                 .map_err(|e| Error::local("create", self.show(&slot.dest), e))?;
             if !whole {
-                let local = |op, e| Error::local(op, self.show(&slot.dest), e);
-                temp.reserve(slot.size)
-                    .map_err(|e| local("reserve space for", e))?;
-                if self.direct {
-                    let direct = temp
-                        .write_direct()
-                        .map_err(|e| local("open for direct I/O", e))?;
-                    if !direct {
-                        self.note_fallback(
-                            "O_DIRECT: the destination's file system refused it, so files \
-                             were written through the page cache",
-                        );
-                    }
+                self.open_temp(&mut temp, slot.size, &slot.dest)?;
+                if let (Some(journal), Some(temp_name)) = (&self.journal, temp.name()) {
+                    let file = journal.next_file();
+                    journal.append(&[Record::Partial {
+                        file,
+                        dest: slot.dest.as_bytes().to_vec(),
+                        size: slot.size,
+                        mtime_sec: slot.mtime_sec,
+                        mtime_nsec: slot.mtime_nsec,
+                        temp_name: temp_name.to_vec(),
+                    }])?;
+                    state.journaled = Some(file);
                 }
             }
             self.open_files.fetch_add(1, Ordering::Relaxed);
@@ -569,74 +870,229 @@ impl Sink {
         Ok(state.temp.clone())
     }
 
-    fn fail_or_abort(&self, id: u64, error: Error) -> Result<Option<Resolution>, Error> {
+    /// Reserves a multi-block temporary's size and opens its direct handle.
+    fn open_temp(&self, temp: &mut TempFile, size: u64, dest: &RelPath) -> Result<(), Error> {
+        let local = |op, e| Error::local(op, self.show(dest), e);
+        temp.reserve(size)
+            .map_err(|e| local("reserve space for", e))?;
+        if self.direct {
+            let direct = temp
+                .write_direct()
+                .map_err(|e| local("open for direct I/O", e))?;
+            if !direct {
+                self.note_fallback(
+                    "O_DIRECT: the destination's file system refused it, so files \
+                     were written through the page cache",
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn fail_or_abort(&self, id: u64, error: Error) -> Result<(), Error> {
         self.abandon(id);
         if is_fatal(&error) {
             Err(error)
         } else {
-            Ok(Some(Resolution::Failed { id, error }))
+            (self.report)(id, Err(error));
+            Ok(())
         }
     }
 
-    /// Records the range and, if the file is now complete, commits it.
-    fn record(&self, seg: &Segment, slot: &Arc<Slot>) -> Result<Option<Resolution>, Error> {
-        let id = seg.file_id;
-        let temp = {
-            let mut state = slot.state.lock().expect("no panics while held");
-            if state.abandoned {
-                return Ok(None);
+    /// Records the range and, if the file is now complete, hands it to the committer; a
+    /// partial file's verified ranges are journaled every `checkpoint_bytes`.
+    fn record(&self, seg: &Segment, slot: &Arc<Slot>) -> Result<(), Error> {
+        let mut state = slot.state.lock().expect("no panics while held");
+        if state.abandoned {
+            return Ok(());
+        }
+        let end = seg.offset + u64::from(seg.len);
+        state
+            .coverage
+            .add(seg.offset, end)
+            .map_err(|e| Error::protocol(&self.peer, format!("{}: {e}", self.show(&slot.dest))))?;
+        if state.journaled.is_some() {
+            state.unjournaled.push(HeldRange {
+                offset: seg.offset,
+                len: seg.len,
+                digest: seg.digest,
+            });
+            state.unjournaled_bytes += u64::from(seg.len);
+        }
+        self.maybe_complete(seg.file_id, slot, state)
+    }
+
+    fn maybe_complete(
+        &self,
+        id: u64,
+        slot: &Arc<Slot>,
+        mut state: std::sync::MutexGuard<'_, SlotState>,
+    ) -> Result<(), Error> {
+        if !state.coverage.is_complete(slot.size) {
+            if state.unjournaled_bytes >= self.limits.checkpoint_bytes {
+                if let (Some(file), Some(temp), Some(committer)) =
+                    (state.journaled, &state.temp, &self.committer)
+                {
+                    let temp = temp.clone();
+                    let ranges = std::mem::take(&mut state.unjournaled);
+                    state.unjournaled_bytes = 0;
+                    drop(state);
+                    committer.checkpoint(file, temp, ranges)?;
+                }
             }
-            let end = seg.offset + u64::from(seg.len);
-            state.coverage.add(seg.offset, end).map_err(|e| {
-                Error::protocol(&self.peer, format!("{}: {e}", self.show(&slot.dest)))
-            })?;
-            if !state.coverage.is_complete(slot.size) {
-                return Ok(None);
-            }
-            state.temp.take()
-        };
+            return Ok(());
+        }
+        let temp = state.temp.take();
+        let journaled = state.journaled;
+        drop(state);
         self.slots.lock().expect("no panics while held").remove(&id);
         let Some(temp) = temp else {
             // Discarding: complete is all there is to check.
-            return Ok(Some(Resolution::Done {
-                id,
-                bytes: slot.size,
-            }));
+            (self.report)(id, Ok(()));
+            return Ok(());
         };
         self.open_files.fetch_sub(1, Ordering::Relaxed);
-        // Every writer drops its clone before recording its range, so only a writer
-        // holding data that overlaps the complete file can still hold one.
-        let Ok(temp) = Arc::try_unwrap(temp) else {
-            return Err(Error::protocol(
-                &self.peer,
-                format!("{}: overlapping data for one file", self.show(&slot.dest)),
-            ));
+        // Every writer drops its clone before recording its range, and a checkpoint holds
+        // one only until its batch is synced, so only a writer holding data that overlaps
+        // the complete file (or a checkpoint in flight) can still hold one.
+        let temp = match Arc::try_unwrap(temp) {
+            Ok(temp) => temp,
+            Err(shared) => match self.wait_alone(shared) {
+                Some(temp) => temp,
+                None => {
+                    return Err(Error::protocol(
+                        &self.peer,
+                        format!("{}: overlapping data for one file", self.show(&slot.dest)),
+                    ))
+                }
+            },
         };
-        let committed = temp
-            .commit(slot.mode, slot.mtime_sec, slot.mtime_nsec)
-            .map_err(|e| Error::local("rename into place", self.show(&slot.dest), e));
-        match committed {
-            Ok(()) => Ok(Some(Resolution::Done {
-                id,
-                bytes: slot.size,
-            })),
-            Err(e) => self.fail_or_abort(id, e),
-        }
+        let dest = slot.dest.clone();
+        self.complete(
+            id,
+            temp,
+            slot.mode,
+            slot.mtime_sec,
+            slot.mtime_nsec,
+            slot.size,
+            &dest,
+            journaled,
+        )
     }
 
-    /// Ids still waiting for data.
-    pub fn pending(&self) -> Vec<u64> {
-        self.slots
+    /// Waits briefly for a checkpoint in flight to let go of a temporary.
+    fn wait_alone(&self, mut shared: Arc<TempFile>) -> Option<TempFile> {
+        for _ in 0..2000 {
+            match Arc::try_unwrap(shared) {
+                Ok(temp) => return Some(temp),
+                Err(again) => shared = again,
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        None
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn complete(
+        &self,
+        id: u64,
+        temp: TempFile,
+        mode: u32,
+        mtime_sec: i64,
+        mtime_nsec: u32,
+        bytes: u64,
+        dest: &RelPath,
+        journaled: Option<u32>,
+    ) -> Result<(), Error> {
+        if self.limits.durable {
+            fs::start_writeback(&temp.file);
+        }
+        let committer = self
+            .committer
+            .as_ref()
+            .expect("a sink with a target commits");
+        committer.commit(Complete {
+            id,
+            temp,
+            mode,
+            mtime_sec,
+            mtime_nsec,
+            bytes,
+            shown: self.show(dest),
+            journaled,
+        })
+    }
+
+    /// Ends the sink: everything complete is committed, directories get their final
+    /// modes (also when the transfer failed), and the journal goes if the transfer
+    /// completed. Otherwise every partial file's verified ranges are made durable and
+    /// journaled, the space reserved beyond them is given back, and its temporary is kept
+    /// for the next run to resume.
+    pub fn close(&self, completed: bool) -> Vec<Error> {
+        if let Some(committer) = &self.committer {
+            committer.finish();
+        }
+        let slots: Vec<Arc<Slot>> = self
+            .slots
             .lock()
             .expect("no panics while held")
-            .keys()
-            .copied()
-            .collect()
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
+        let mut errors = Vec::new();
+        if !completed {
+            for slot in slots {
+                if let Err(e) = self.keep_partial(&slot) {
+                    errors.push(e);
+                }
+            }
+        }
+        if let Some(journal) = &self.journal {
+            if let Err(e) = journal.sync() {
+                errors.push(e);
+            }
+        }
+        errors.extend(self.finish_dirs());
+        errors
+    }
+
+    /// The journal, to remove once the session completed (see [`JournalFile::remove`]).
+    pub fn journal(&self) -> Option<&Arc<JournalFile>> {
+        self.journal.as_ref()
+    }
+
+    fn keep_partial(&self, slot: &Slot) -> Result<(), Error> {
+        let mut state = slot.state.lock().expect("no panics while held");
+        let (Some(file), Some(journal)) = (state.journaled, &self.journal) else {
+            return Ok(()); // unnamed or unjournaled: goes with its descriptor
+        };
+        let Some(temp) = state.temp.take() else {
+            return Ok(());
+        };
+        let Ok(mut temp) = Arc::try_unwrap(temp) else {
+            return Ok(()); // still held by a writer: let it go
+        };
+        let local = |op, e| Error::local(op, self.show(&slot.dest), e);
+        if self.limits.durable {
+            fs::sync_data(&temp.file).map_err(|e| local("sync", e))?;
+        }
+        let ranges = std::mem::take(&mut state.unjournaled);
+        for chunk in ranges.chunks(wanxfer_proto::MAX_HELD_RANGES) {
+            journal.append(&[Record::Verified {
+                file,
+                ranges: chunk.to_vec(),
+            }])?;
+        }
+        for (start, end) in state.coverage.gaps(slot.size) {
+            let _ = fs::release_space(&temp.file, start, end);
+        }
+        temp.keep();
+        Ok(())
     }
 
     /// Applies directory modes and mtimes, deepest first, once nothing more will be
     /// written into them.
-    pub fn finish_dirs(&self) -> Vec<Error> {
+    fn finish_dirs(&self) -> Vec<Error> {
         let Some((root, _)) = &self.target else {
             return Vec::new();
         };
@@ -656,14 +1112,27 @@ impl Sink {
     }
 }
 
+/// The session's view of a per-file error.
+pub fn failure(e: &Error) -> Failure {
+    Failure {
+        class: e.wire_class(),
+        offset: match e {
+            Error::Integrity { offset, .. } => *offset,
+            _ => 0,
+        },
+        message: e.to_string(),
+        remote: false,
+    }
+}
+
 /// Errors that would repeat for every following file: no point going on.
-fn is_fatal(e: &Error) -> bool {
+pub fn is_fatal(e: &Error) -> bool {
     match e {
         Error::LocalIo { source, .. } => matches!(
             source.raw_os_error(),
             Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EROFS) | Some(libc::EIO)
         ),
-        Error::Limit(_) | Error::Protocol { .. } => true,
+        Error::Limit(_) | Error::Protocol { .. } | Error::Cancelled => true,
         _ => false,
     }
 }
@@ -672,57 +1141,63 @@ fn is_fatal(e: &Error) -> bool {
 mod tests {
     use super::*;
     use crate::digest::{check_flags, digest_of, PayloadVerifier};
+    use crate::session::state::StateDir;
     use proptest::prelude::*;
 
-    #[test]
-    fn coverage_merges_and_refuses_overlap() {
-        let mut c = Coverage::default();
-        c.add(10, 20).unwrap();
-        c.add(0, 10).unwrap();
-        c.add(30, 40).unwrap();
-        assert!(c.add(15, 25).is_err());
-        assert!(c.add(35, 45).is_err());
-        c.add(20, 30).unwrap();
-        assert!(c.is_complete(40));
-        assert_eq!(c.ranges.len(), 1);
+    /// What the sink reported, file by file, in order.
+    type Verdicts = Arc<Mutex<Vec<(u64, Result<(), String>)>>>;
+
+    struct Harness {
+        sink: Sink,
+        verdicts: Verdicts,
     }
 
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(48))]
-
-        /// Whatever the arrival order, a file whose chunks all check out lands intact.
-        #[test]
-        fn any_arrival_order_lands_intact(
-            order in Just((0..12usize).collect::<Vec<_>>()).prop_shuffle(),
-        ) {
-            let dir = tempfile::tempdir().unwrap();
-            let sink = sink_in(dir.path());
-            let data: Vec<u8> = (0..12 * 4096 - 100u32).map(|i| (i * 13 % 253) as u8).collect();
-            sink.apply_entry(0, &entry("f", data.len() as u64)).unwrap();
-            let out = feed(&sink, &data, 4096, &order, None);
-            prop_assert!(matches!(out.as_slice(), [Resolution::Done { id: 0, .. }]), "{:?}", out);
-            prop_assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
+    impl Harness {
+        /// Ends the sink (committing what is complete) and returns the verdicts.
+        fn close(self, completed: bool) -> Vec<(u64, Result<(), String>)> {
+            let errors = self.sink.close(completed);
+            assert!(errors.is_empty(), "{errors:?}");
+            let verdicts = self.verdicts.lock().unwrap().clone();
+            verdicts
         }
+    }
 
-        #[test]
-        fn coverage_completes_for_any_arrival_order(
-            chunks in 1usize..40,
-            seed in any::<u64>(),
-        ) {
-            let mut order: Vec<usize> = (0..chunks).collect();
-            let mut s = seed;
-            for i in (1..order.len()).rev() {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                order.swap(i, (s >> 33) as usize % (i + 1));
-            }
-            let mut c = Coverage::default();
-            for (n, &i) in order.iter().enumerate() {
-                prop_assert!(!c.is_complete(chunks as u64 * 7) || n == chunks);
-                c.add(i as u64 * 7, i as u64 * 7 + 7).unwrap();
-            }
-            prop_assert!(c.is_complete(chunks as u64 * 7));
-            prop_assert_eq!(c.ranges.len(), 1);
-        }
+    fn harness(
+        dir: &std::path::Path,
+        limits: SinkLimits,
+        journal: Option<Arc<JournalFile>>,
+    ) -> Harness {
+        let root = Root::open(dir).unwrap();
+        let (placement, _) = Placement::decide(
+            &root,
+            &RelPath::root(),
+            1,
+            wanxfer_proto::Placement::Resolve,
+        )
+        .unwrap();
+        let verdicts: Verdicts = Arc::default();
+        let seen = verdicts.clone();
+        let report: Report = Arc::new(move |id, result: Result<(), Error>| {
+            seen.lock()
+                .unwrap()
+                .push((id, result.map_err(|e| e.to_string())));
+        });
+        let checks = check_flags(false, true);
+        let sink = Sink::new(
+            Some((root, placement)),
+            "test peer".into(),
+            9,
+            checks,
+            limits,
+            journal,
+            report,
+        )
+        .unwrap();
+        Harness { sink, verdicts }
+    }
+
+    fn sink_in(dir: &std::path::Path) -> Harness {
+        harness(dir, SinkLimits::default(), None)
     }
 
     fn entry(path: &str, size: u64) -> Entry {
@@ -735,47 +1210,6 @@ mod tests {
             mtime_nsec: 5,
             link_target: Vec::new(),
         }
-    }
-
-    /// Feeds `data` to `sink` as file 0 in chunks of `chunk` bytes, in `order`, each
-    /// with its digest except chunk `wrong`, whose digest does not match.
-    fn feed(
-        sink: &Sink,
-        data: &[u8],
-        chunk: usize,
-        order: &[usize],
-        wrong: Option<usize>,
-    ) -> Vec<Resolution> {
-        let pool = crate::pool::Pool::new(1, chunk);
-        let mut out = Vec::new();
-        let chunks = data.len().div_ceil(chunk);
-        for &i in order {
-            let start = i * chunk;
-            let bytes = &data[start..start + chunk.min(data.len() - start)];
-            let digest = if wrong == Some(i) {
-                [0xee; 16]
-            } else {
-                digest_of(bytes)
-            };
-            let block = received(&pool, 0, start as u64, bytes, digest, i + 1 == chunks);
-            sink.place_block(block, &mut out).unwrap();
-        }
-        out
-    }
-
-    /// A block holding `data` as one segment of file `id` at `offset` carrying `digest`,
-    /// checked as a channel checks what it receives.
-    fn received(
-        pool: &crate::pool::Pool,
-        id: u64,
-        offset: u64,
-        data: &[u8],
-        digest: [u8; 16],
-        last: bool,
-    ) -> Block {
-        let flags = if last { Segment::FLAG_LAST } else { 0 };
-        let seg = (id, offset, flags, data, digest);
-        received_many(pool, check_flags(false, true), &[seg])
     }
 
     /// One segment as a test sends it: file id, offset, flags, bytes, digest.
@@ -809,104 +1243,85 @@ mod tests {
         block
     }
 
-    /// Small files packed in one block: a file whose bytes do not match its digest fails
-    /// alone, and the files beside it land.
-    #[test]
-    fn a_packed_block_fails_only_its_damaged_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let sink = sink_in(dir.path());
-        let files: [&[u8]; 3] = [b"first file", b"second, damaged", b"third file"];
-        for (id, (name, data)) in ["a", "b", "c"].iter().zip(files).enumerate() {
-            sink.apply_entry(id as u64, &entry(name, data.len() as u64))
-                .unwrap();
-        }
-        let segments: Vec<_> = files
-            .iter()
-            .enumerate()
-            .map(|(id, &data)| {
-                let digest = if id == 1 { [0xee; 16] } else { digest_of(data) };
-                (id as u64, 0, Segment::FLAG_LAST, data, digest)
-            })
-            .collect();
-        let pool = crate::pool::Pool::new(1, 4096);
-        let block = received_many(&pool, check_flags(false, true), &segments);
-        let mut out = Vec::new();
-        sink.place_block(block, &mut out).unwrap();
-        assert!(
-            matches!(
-                out.as_slice(),
-                [
-                    Resolution::Done { id: 0, .. },
-                    Resolution::Failed {
-                        id: 1,
-                        error: Error::Integrity { .. }
-                    },
-                    Resolution::Done { id: 2, .. }
-                ]
-            ),
-            "{out:?}"
-        );
-        assert_eq!(std::fs::read(dir.path().join("a")).unwrap(), files[0]);
-        assert_eq!(std::fs::read(dir.path().join("c")).unwrap(), files[2]);
-        assert!(!dir.path().join("b").exists());
-    }
-
-    /// Data overlapping what a file already received ends the session before a byte of
-    /// it is written.
-    #[test]
-    fn overlapping_data_is_refused_before_it_is_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let sink = sink_in(dir.path());
-        sink.apply_entry(0, &entry("f", 3 * 4096)).unwrap();
-        let pool = crate::pool::Pool::new(1, 8192);
-        let mut out = Vec::new();
-        let first = [1u8; 4096];
-        let block = received(&pool, 0, 0, &first, digest_of(&first), false);
-        sink.place_block(block, &mut out).unwrap();
-        // The failed file's temporary is removed: keep it open to look inside.
-        let mut temp = std::fs::File::open(&temp_files_in(dir.path())[0]).unwrap();
-        let overlapping = [2u8; 8192];
-        let digest = digest_of(&overlapping);
-        let block = received(&pool, 0, 2048, &overlapping, digest, false);
-        let refused = sink.place_block(block, &mut out);
-        assert!(
-            matches!(refused, Err(Error::Protocol { .. })),
-            "{refused:?}"
-        );
-        let mut written = Vec::new();
-        std::io::Read::read_to_end(&mut temp, &mut written).unwrap();
-        assert!(written[..4096].iter().all(|&b| b == 1), "first bytes kept");
-        assert!(
-            written[4096..].iter().all(|&b| b == 0),
-            "nothing of the overlap"
-        );
-    }
-
-    fn sink_in(dir: &std::path::Path) -> Sink {
-        let root = Root::open(dir).unwrap();
-        let placement = Placement::resolve(&root, &RelPath::root(), 1).unwrap();
-        let limits = SinkLimits::default();
-        let checks = check_flags(false, true);
-        Sink::new(
-            Some((root, placement)),
-            "test peer".into(),
-            9,
-            checks,
-            limits,
+    fn received(
+        pool: &crate::pool::Pool,
+        id: u64,
+        offset: u64,
+        data: &[u8],
+        digest: [u8; 16],
+        last: bool,
+    ) -> Block {
+        let flags = if last { Segment::FLAG_LAST } else { 0 };
+        received_many(
+            pool,
+            check_flags(false, true),
+            &[(id, offset, flags, data, digest)],
         )
+    }
+
+    /// Feeds `data` as file 0 in chunks of `chunk` bytes, in `order`, each with its digest
+    /// except chunk `wrong`.
+    fn feed(sink: &Sink, data: &[u8], chunk: usize, order: &[usize], wrong: Option<usize>) {
+        let pool = crate::pool::Pool::new(1, chunk);
+        let chunks = data.len().div_ceil(chunk);
+        for &i in order {
+            let start = i * chunk;
+            let bytes = &data[start..start + chunk.min(data.len() - start)];
+            let digest = if wrong == Some(i) {
+                [0xee; 16]
+            } else {
+                digest_of(bytes)
+            };
+            sink.place_block(received(
+                &pool,
+                0,
+                start as u64,
+                bytes,
+                digest,
+                i + 1 == chunks,
+            ))
+            .unwrap();
+        }
+    }
+
+    fn names_in(dir: &std::path::Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// Whatever the arrival order, a file whose chunks all check out lands intact.
+        #[test]
+        fn any_arrival_order_lands_intact(
+            order in Just((0..12usize).collect::<Vec<_>>()).prop_shuffle(),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let h = sink_in(dir.path());
+            let data: Vec<u8> = (0..12 * 4096 - 100u32).map(|i| (i * 13 % 253) as u8).collect();
+            prop_assert_eq!(h.sink.apply_entry(0, &entry("f", data.len() as u64)).unwrap(), Applied::Pending);
+            feed(&h.sink, &data, 4096, &order, None);
+            let verdicts = h.close(true);
+            prop_assert_eq!(verdicts, vec![(0, Ok(()))]);
+            prop_assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
+        }
     }
 
     #[test]
     fn out_of_order_blocks_land_with_metadata() {
         let dir = tempfile::tempdir().unwrap();
-        let sink = sink_in(dir.path());
+        let h = sink_in(dir.path());
         let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
-        assert!(sink
+        h.sink
             .apply_entry(0, &entry("f", data.len() as u64))
-            .unwrap()
-            .is_none());
-        let out = feed(
-            &sink,
+            .unwrap();
+        feed(
+            &h.sink,
             &data,
             4096,
             &[
@@ -915,10 +1330,7 @@ mod tests {
             ],
             None,
         );
-        assert!(
-            matches!(out.as_slice(), [Resolution::Done { id: 0, .. }]),
-            "{out:?}"
-        );
+        assert_eq!(h.close(true), vec![(0, Ok(()))]);
         let path = dir.path().join("f");
         assert_eq!(std::fs::read(&path).unwrap(), data);
         let meta = std::fs::metadata(&path).unwrap();
@@ -930,27 +1342,86 @@ mod tests {
         assert_eq!(std::os::unix::fs::MetadataExt::mtime_nsec(&meta), 5);
     }
 
-    /// Guards the memory-to-memory path: a discarding sink completes a many-block stream
-    /// on coverage.
+    /// Small files packed in one block: a file whose bytes do not match its digest fails
+    /// alone, and the files beside it land.
     #[test]
-    fn discarding_completes_on_coverage_alone() {
-        let checks = check_flags(false, true);
-        let sink = Sink::new(None, "test peer".into(), 9, checks, SinkLimits::default());
-        let data = vec![0u8; 20_000];
-        assert!(sink
-            .apply_entry(0, &entry("synthetic", data.len() as u64))
-            .unwrap()
-            .is_none());
-        let out = feed(&sink, &data, 4096, &[1, 0, 4, 2, 3], None);
+    fn a_packed_block_fails_only_its_damaged_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = sink_in(dir.path());
+        let files: [&[u8]; 3] = [b"first file", b"second, damaged", b"third file"];
+        for (id, (name, data)) in ["a", "b", "c"].iter().zip(files).enumerate() {
+            h.sink
+                .apply_entry(id as u64, &entry(name, data.len() as u64))
+                .unwrap();
+        }
+        let segments: Vec<_> = files
+            .iter()
+            .enumerate()
+            .map(|(id, &data)| {
+                let digest = if id == 1 { [0xee; 16] } else { digest_of(data) };
+                (id as u64, 0, Segment::FLAG_LAST, data, digest)
+            })
+            .collect();
+        let pool = crate::pool::Pool::new(1, 4096);
+        h.sink
+            .place_block(received_many(&pool, check_flags(false, true), &segments))
+            .unwrap();
+        let mut verdicts = h.close(true);
+        verdicts.sort_by_key(|(id, _)| *id);
         assert!(
-            matches!(
-                out.as_slice(),
-                [Resolution::Done {
-                    id: 0,
-                    bytes: 20_000
-                }]
-            ),
-            "{out:?}"
+            verdicts[0].1.is_ok() && verdicts[2].1.is_ok(),
+            "{verdicts:?}"
+        );
+        assert!(
+            verdicts[1].1.as_ref().unwrap_err().contains("do not match"),
+            "{verdicts:?}"
+        );
+        assert_eq!(names_in(dir.path()), ["a", "c"]);
+    }
+
+    /// Data overlapping what a file already received ends the session before a byte of
+    /// it is written.
+    #[test]
+    fn overlapping_data_is_refused_before_it_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = sink_in(dir.path());
+        h.sink.apply_entry(0, &entry("f", 3 * 4096)).unwrap();
+        let pool = crate::pool::Pool::new(1, 8192);
+        let first = [1u8; 4096];
+        h.sink
+            .place_block(received(&pool, 0, 0, &first, digest_of(&first), false))
+            .unwrap();
+        let overlapping = [2u8; 8192];
+        let refused = h.sink.place_block(received(
+            &pool,
+            0,
+            2048,
+            &overlapping,
+            digest_of(&overlapping),
+            false,
+        ));
+        assert!(
+            matches!(refused, Err(Error::Protocol { .. })),
+            "{refused:?}"
+        );
+    }
+
+    /// A chunk that fails its digest after others were written fails the file: nothing
+    /// under its name, no temporary.
+    #[test]
+    fn a_wrong_digest_never_reaches_the_final_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = sink_in(dir.path());
+        let data: Vec<u8> = (0..16_000u32).map(|i| (i % 249) as u8).collect();
+        h.sink
+            .apply_entry(0, &entry("f", data.len() as u64))
+            .unwrap();
+        feed(&h.sink, &data, 4096, &[2, 0, 1, 3], Some(1));
+        let verdicts = h.close(true);
+        assert!(matches!(verdicts.as_slice(), [(0, Err(_))]), "{verdicts:?}");
+        assert!(
+            names_in(dir.path()).is_empty(),
+            "no final name, no temporary"
         );
     }
 
@@ -960,78 +1431,170 @@ mod tests {
     fn a_whole_file_segment_replaces_an_existing_file() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("f"), b"old").unwrap();
-        let sink = sink_in(dir.path());
+        let h = sink_in(dir.path());
         let data = vec![3u8; 5000];
-        sink.apply_entry(0, &entry("f", data.len() as u64)).unwrap();
-        let out = feed(&sink, &data, 8192, &[0], None);
-        assert!(
-            matches!(out.as_slice(), [Resolution::Done { id: 0, .. }]),
-            "{out:?}"
-        );
+        h.sink
+            .apply_entry(0, &entry("f", data.len() as u64))
+            .unwrap();
+        feed(&h.sink, &data, 8192, &[0], None);
+        assert_eq!(h.close(true), vec![(0, Ok(()))]);
         assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        assert_eq!(names_in(dir.path()), ["f"]);
     }
 
-    /// A chunk that fails its digest after others were written fails the file: its
-    /// temporary goes, and the chunks after it are dropped.
+    /// The quick check: a file in place with the announced size and mtime needs nothing
+    /// (its mode is brought in line); one that differs in either is received again.
     #[test]
-    fn a_wrong_digest_never_reaches_the_final_name() {
+    fn a_file_in_place_with_the_same_size_and_mtime_is_up_to_date() {
         let dir = tempfile::tempdir().unwrap();
-        let sink = sink_in(dir.path());
-        let data: Vec<u8> = (0..16_000u32).map(|i| (i % 249) as u8).collect();
-        sink.apply_entry(0, &entry("f", data.len() as u64)).unwrap();
-        let out = feed(&sink, &data, 4096, &[2, 0, 1, 3], Some(1));
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"12345").unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        let time = std::time::UNIX_EPOCH + std::time::Duration::new(1_000_000, 5);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(time)
+            .unwrap();
+        let h = sink_in(dir.path());
+        assert_eq!(
+            h.sink.apply_entry(0, &entry("f", 5)).unwrap(),
+            Applied::UpToDate
+        );
+        let mode = std::fs::metadata(&path).unwrap().permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o640
+        );
+        let newer = Entry {
+            mtime_sec: 1_000_001,
+            ..entry("f", 5)
+        };
+        assert_eq!(h.sink.apply_entry(1, &newer).unwrap(), Applied::Pending);
+        assert_eq!(
+            h.sink.apply_entry(2, &entry("f", 6)).unwrap(),
+            Applied::Pending
+        );
+    }
+
+    /// A file whose parent cannot be created (a regular file stands where the directory
+    /// must go) fails alone at manifest time, naming why; the session goes on.
+    #[test]
+    fn an_entry_whose_directory_cannot_be_made_fails_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("d"), b"a file, not a directory").unwrap();
+        let h = sink_in(dir.path());
+        let dir_entry = Entry {
+            kind: EntryKind::Dir,
+            mode: 0o755,
+            ..entry("d", 0)
+        };
+        assert!(matches!(
+            h.sink.apply_entry(0, &dir_entry).unwrap(),
+            Applied::Failed(_)
+        ));
+        let Applied::Failed(f) = h.sink.apply_entry(1, &entry("d/inner", 10)).unwrap() else {
+            panic!("the file below fails too")
+        };
         assert!(
-            matches!(
-                out.as_slice(),
-                [Resolution::Failed {
-                    id: 0,
-                    error: Error::Integrity { .. }
-                }]
-            ),
-            "{out:?}"
+            f.message.contains("d/inner") && f.message.contains("not a directory"),
+            "{}",
+            f.message
         );
         assert_eq!(
-            std::fs::read_dir(dir.path()).unwrap().count(),
-            0,
-            "no final name, no temporary"
+            h.sink.apply_entry(2, &entry("other", 10)).unwrap(),
+            Applied::Pending
         );
     }
 
-    /// A peer that agreed on segment digests and sends a block without them ends the
-    /// session, and nothing of that block is written.
+    /// An interrupted transfer's partial file comes back with the ranges its journal
+    /// verified; once the sender confirms them, only the rest is needed to complete it.
     #[test]
-    fn a_block_without_the_agreed_digests_is_refused() {
+    fn a_partial_file_resumes_from_its_journal() {
         let dir = tempfile::tempdir().unwrap();
-        let sink = sink_in(dir.path());
-        sink.apply_entry(0, &entry("f", 4096)).unwrap();
-        let pool = crate::pool::Pool::new(1, 4096);
-        let mut block = received(&pool, 0, 0, &[1; 4096], [0; 16], true);
-        block.checks = 0;
-        block.damaged.clear();
-        let refused = sink.place_block(block, &mut Vec::new());
-        assert!(
-            matches!(refused, Err(Error::Protocol { .. })),
-            "{refused:?}"
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        let state = StateDir::open(&dir.path().join("state")).unwrap();
+        let data: Vec<u8> = (0..5 * 4096u32).map(|i| (i * 11 % 241) as u8).collect();
+        let limits = SinkLimits {
+            checkpoint_bytes: 4096,
+            ..SinkLimits::default()
+        };
+        // The first run gets chunks 0, 1 and 3, then ends early.
+        let first = harness(
+            &root,
+            limits.clone(),
+            Some(Arc::new(state.journal([1; 16], &root).unwrap())),
         );
-        assert!(temp_files_in(dir.path()).is_empty());
+        first
+            .sink
+            .apply_entry(0, &entry("big", data.len() as u64))
+            .unwrap();
+        feed(&first.sink, &data, 4096, &[0, 1, 3], None);
+        assert!(first.close(false).is_empty());
+        assert!(
+            names_in(&root)[0].starts_with(".wanxfer-"),
+            "the partial file is kept"
+        );
+        // The next run of the same transfer holds them.
+        let journal = Arc::new(state.journal([1; 16], &root).unwrap());
+        let second = harness(&root, limits, Some(journal));
+        let Applied::Held(held) = second
+            .sink
+            .apply_entry(0, &entry("big", data.len() as u64))
+            .unwrap()
+        else {
+            panic!("the partial file is found")
+        };
+        let offsets: Vec<u64> = held.iter().map(|r| r.offset).collect();
+        assert_eq!(offsets, [0, 4096, 3 * 4096]);
+        second.sink.accept(0, &held).unwrap();
+        feed(&second.sink, &data, 4096, &[2, 4], None);
+        assert_eq!(second.close(true), vec![(0, Ok(()))]);
+        assert_eq!(std::fs::read(root.join("big")).unwrap(), data);
+        assert_eq!(names_in(&root), ["big"]);
     }
 
-    fn temp_files_in(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-        std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect()
+    /// Guards the memory-to-memory path: a discarding sink completes a many-block stream
+    /// on coverage.
+    #[test]
+    fn discarding_completes_on_coverage_alone() {
+        let verdicts: Verdicts = Arc::default();
+        let seen = verdicts.clone();
+        let report: Report = Arc::new(move |id, result: Result<(), Error>| {
+            seen.lock()
+                .unwrap()
+                .push((id, result.map_err(|e| e.to_string())));
+        });
+        let sink = Sink::new(
+            None,
+            "test peer".into(),
+            9,
+            check_flags(false, true),
+            SinkLimits::default(),
+            None,
+            report,
+        )
+        .unwrap();
+        let data = vec![0u8; 20_000];
+        assert_eq!(
+            sink.apply_entry(0, &entry("synthetic", data.len() as u64))
+                .unwrap(),
+            Applied::Pending
+        );
+        feed(&sink, &data, 4096, &[1, 0, 4, 2, 3], None);
+        assert_eq!(*verdicts.lock().unwrap(), vec![(0, Ok(()))]);
     }
 
     #[test]
     fn a_file_abandoned_under_a_writer_gets_no_temporary_and_no_verdict() {
         let dir = tempfile::tempdir().unwrap();
-        let sink = sink_in(dir.path());
-        sink.apply_entry(0, &entry("f", 3 * 8192)).unwrap();
-        // A writer took the slot, then another writer failed the file.
-        let slot = sink.slot(0).unwrap();
-        sink.abandon(0);
+        let h = sink_in(dir.path());
+        h.sink.apply_entry(0, &entry("f", 3 * 8192)).unwrap();
+        let slot = h.sink.slot(0).unwrap();
+        h.sink.abandon(0);
         let seg = Segment {
             file_id: 0,
             offset: 8192,
@@ -1039,69 +1602,38 @@ mod tests {
             flags: 0,
             digest: [0; 16],
         };
-        assert!(sink.prepare(&seg, &slot).unwrap().is_none());
-        assert_eq!(sink.open_files.load(Ordering::Relaxed), 0);
-        let recorded = sink.record(&seg, &slot).unwrap();
-        assert!(recorded.is_none());
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
-    }
-
-    /// A file that came whole in one segment fails on a wrong digest the way a file that
-    /// came in pieces does: alone, with nothing left on disk, while the next file lands.
-    #[test]
-    fn a_wrong_digest_on_a_whole_file_fails_only_that_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let sink = sink_in(dir.path());
-        let (bad, good) = (vec![1u8; 3000], vec![2u8; 4000]);
-        sink.apply_entry(0, &entry("bad", 3000)).unwrap();
-        sink.apply_entry(1, &entry("good", 4000)).unwrap();
-        let pool = crate::pool::Pool::new(2, 8192);
-        let mut out = Vec::new();
-        for (id, data, digest) in [
-            (0, &bad, [0xee; 16]),
-            (1, &good, digest_of(&good)),
-            // Late data for the failed file is dropped, not refused.
-            (0, &bad, digest_of(&bad)),
-        ] {
-            let block = received(&pool, id, 0, data, digest, true);
-            sink.place_block(block, &mut out).unwrap();
-        }
-        assert!(
-            matches!(
-                out.as_slice(),
-                [
-                    Resolution::Failed {
-                        id: 0,
-                        error: Error::Integrity { .. }
-                    },
-                    Resolution::Done { id: 1, .. }
-                ]
-            ),
-            "{out:?}"
-        );
-        let names: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(
-            names,
-            ["good"],
-            "no final name, no temporary for the bad file"
-        );
-        assert_eq!(std::fs::read(dir.path().join("good")).unwrap(), good);
+        assert!(h.sink.prepare(&seg, &slot).unwrap().is_none());
+        assert_eq!(h.sink.open_files.load(Ordering::Relaxed), 0);
+        h.sink.record(&seg, &slot).unwrap();
+        assert!(h.close(false).is_empty());
+        assert!(names_in(dir.path()).is_empty());
     }
 
     #[test]
-    fn placement_follows_cp_r() {
+    fn placement_follows_cp_r_and_remembers_its_choice() {
+        use wanxfer_proto::Placement as Wire;
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("existing")).unwrap();
         let root = Root::open(dir.path()).unwrap();
         let rel = |s: &str| RelPath::new(s.as_bytes()).unwrap();
-        let into = Placement::resolve(&root, &rel("existing"), 1).unwrap();
+        let (into, how) = Placement::decide(&root, &rel("existing"), 1, Wire::Resolve).unwrap();
+        assert_eq!(how, Wire::Into);
         assert_eq!(into.map(&rel("src/a")).unwrap(), rel("existing/src/a"));
-        let onto = Placement::resolve(&root, &rel("new"), 1).unwrap();
+        let (onto, how) = Placement::decide(&root, &rel("new"), 1, Wire::Resolve).unwrap();
+        assert_eq!(how, Wire::Onto);
         assert_eq!(onto.map(&rel("src/a")).unwrap(), rel("new/a"));
-        assert!(Placement::resolve(&root, &rel("new"), 2).is_err());
-        assert!(Placement::resolve(&root, &rel("missing/new"), 1).is_err());
+        assert!(Placement::decide(&root, &rel("new"), 2, Wire::Resolve).is_err());
+        assert!(Placement::decide(&root, &rel("missing/new"), 1, Wire::Resolve).is_err());
+        // Pinned onto an existing directory (a re-run): no nesting.
+        std::fs::create_dir(dir.path().join("new")).unwrap();
+        let (again, _) = Placement::decide(&root, &rel("new"), 1, Wire::Onto).unwrap();
+        assert_eq!(again.map(&rel("src/a")).unwrap(), rel("new/a"));
+        // A trailing slash: into, created if missing.
+        let (made, _) = Placement::decide(&root, &rel("made"), 1, Wire::Into).unwrap();
+        assert_eq!(made.map(&rel("src")).unwrap(), rel("made/src"));
+        assert!(dir.path().join("made").is_dir());
+        // The engine's reserved name is not a place to land.
+        let (top, _) = Placement::decide(&root, &RelPath::root(), 1, Wire::Resolve).unwrap();
+        assert!(top.map(&rel(".wanxfer/x")).is_err());
     }
 }

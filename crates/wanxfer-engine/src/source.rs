@@ -1,12 +1,14 @@
 //! The front end of the sending side: what is sent, in which blocks, read by whom.
 //!
 //! The [`Walker`] lists a tree depth-first, one directory handle per level, so memory and
-//! descriptors grow with depth, not with the number of files. The [`Planner`] turns files
-//! into block plans: a file of at least one block is cut into block-sized chunks read in
-//! order by one reader, each hashed as it is read; smaller files are
-//! packed many to a block (balman2013's aggregation), which is what lets 20,000 small files
-//! stream like one large one. Readers fill pool buffers and hand finished blocks to the
-//! channels; they never wait on the network except through the pool.
+//! descriptors grow with depth, not with the number of files. What is read into which
+//! block is the session's plan (`wanxfer_session::Planner`: chunks of large files, small
+//! files packed many to a block); [`run_reader`] threads carry plans out, hashing each
+//! piece as it is read, and hand finished blocks to the channels; they never wait on the
+//! network except through the pool. A file is opened without blocking and only if it is
+//! still the regular file of the size and modification time that was listed; one that
+//! changes while it is read is not sent (its last block is held back until the file is
+//! checked again), as rsync and tar warn that a file changed as they read it.
 //!
 //! Nothing here follows a symlink: entries are opened by name with `O_NOFOLLOW`, and
 //! files are reopened for reading with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` from the
@@ -23,7 +25,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::Sender;
 use rustix::fs::{Mode, OFlags, ResolveFlags};
-use wanxfer_proto::{BlockHeader, Entry, EntryKind, RelPath, Segment, MAX_SEGMENTS};
+use wanxfer_proto::{BlockHeader, Entry, EntryKind, HeldRange, RelPath, Segment};
 
 use crate::digest::{check_flags, digest_of, FileHasher, IN_CACHE_PIECE_BYTES};
 use crate::fs::{self, Kind, Meta, Root};
@@ -36,6 +38,8 @@ pub struct SourceItem {
     base: Arc<OwnedFd>,
     name: Vec<u8>,
     shown: Arc<str>,
+    /// The item's absolute path, which names it in a transfer's identity.
+    absolute: Arc<[u8]>,
 }
 
 /// What a sender sends.
@@ -83,9 +87,19 @@ impl Source {
                 base: Arc::new(base),
                 name: name.to_vec(),
                 shown: root.show(rel).into(),
+                absolute: rel.as_bytes().into(),
             });
         }
         Ok(Source::Items(items))
+    }
+
+    /// What names this source in a transfer's identity: the absolute paths of its items
+    /// (the same command from another directory names other files), or its size.
+    pub fn identity(&self) -> Vec<Vec<u8>> {
+        match self {
+            Source::Items(items) => items.iter().map(|i| i.absolute.to_vec()).collect(),
+            Source::Synthetic { bytes } => vec![format!("synthetic {bytes}").into_bytes()],
+        }
     }
 
     /// The top-level names, in order.
@@ -132,10 +146,12 @@ fn local_item(path: &Path) -> Result<SourceItem, Error> {
         }
         Err(e) => return Err(Error::local("stat", &shown, e)),
     }
+    let absolute = std::path::absolute(&path).unwrap_or_else(|_| path.clone());
     Ok(SourceItem {
         base: Arc::new(base),
         name: name.as_bytes().to_vec(),
         shown: shown.into(),
+        absolute: absolute.as_os_str().as_bytes().into(),
     })
 }
 
@@ -154,6 +170,9 @@ pub struct FileJob {
     pub id: u64,
     pub size: u64,
     pub content: Content,
+    /// The modification time it was listed with: a file that no longer has it (or its
+    /// size) changed since, and is not sent as listed.
+    pub mtime: (i64, u32),
     /// How the source it belongs to was named; its own name is built only for an error
     /// message (formatting one per file was 3% of the sender's CPU on 4 KiB files).
     top: Arc<str>,
@@ -330,6 +349,7 @@ impl Walker {
                         id,
                         size: meta.size,
                         content: Content::File { base, rel },
+                        mtime: (meta.mtime_sec, meta.mtime_nsec),
                         top: self.items[item].shown.clone(),
                     });
                 }
@@ -410,6 +430,7 @@ impl Walker {
                 id,
                 size: bytes,
                 content: Content::Zeros,
+                mtime: (0, 0),
                 top: "synthetic source".into(),
             }),
         }
@@ -417,53 +438,6 @@ impl Walker {
 
     fn show(&self, item: usize, rel: &RelPath) -> String {
         show_beneath(&self.items[item].shown, rel)
-    }
-}
-
-/// What one reader does with one pool buffer (or, for large files, a run of them).
-#[derive(Debug)]
-pub enum Plan {
-    Chunked(FileJob),
-    Packed(Vec<FileJob>),
-}
-
-/// Groups file jobs into block plans.
-#[derive(Debug)]
-pub struct Planner {
-    block_size: u64,
-    pack: Vec<FileJob>,
-    pack_bytes: u64,
-}
-
-impl Planner {
-    pub fn new(block_size: usize) -> Planner {
-        Planner {
-            block_size: block_size as u64,
-            pack: Vec::new(),
-            pack_bytes: 0,
-        }
-    }
-
-    /// Adds a job; returns plans that are complete.
-    pub fn add(&mut self, job: FileJob, out: &mut Vec<Plan>) {
-        if job.size >= self.block_size {
-            out.push(Plan::Chunked(job));
-            return;
-        }
-        if self.pack_bytes + job.size > self.block_size || self.pack.len() >= MAX_SEGMENTS as usize
-        {
-            self.flush(out);
-        }
-        self.pack_bytes += job.size;
-        self.pack.push(job);
-    }
-
-    /// Emits the partly filled pack, if any.
-    pub fn flush(&mut self, out: &mut Vec<Plan>) {
-        if !self.pack.is_empty() {
-            out.push(Plan::Packed(std::mem::take(&mut self.pack)));
-            self.pack_bytes = 0;
-        }
     }
 }
 
@@ -524,12 +498,34 @@ impl IoMode {
     }
 }
 
-/// A file the reader could not send; the session tells the receiver to drop it.
+/// Work for one reader, as the session planned it, with the files it names.
 #[derive(Debug)]
-pub struct ReadFailure {
-    pub id: u64,
-    pub error: Error,
+pub enum ReadJob {
+    /// These ranges of one file, a block per piece at the session's block boundaries.
+    Chunks {
+        job: FileJob,
+        ranges: Vec<(u64, u64)>,
+    },
+    /// These whole small files, into one block.
+    Packed(Vec<FileJob>),
+    /// Hash these ranges and say whether each matches the digest the receiver holds.
+    Verify {
+        job: FileJob,
+        ranges: Vec<HeldRange>,
+    },
 }
+
+/// What a reader tells the session.
+#[derive(Debug)]
+pub enum ReaderEvent {
+    /// The file cannot be sent (unreadable, or it changed while it was read).
+    Failed { id: u64, error: Error },
+    /// Whether each held range matches the source.
+    Verified { id: u64, matches: Vec<bool> },
+}
+
+/// Where readers report; the session's event queue.
+pub type ReaderReport = Arc<dyn Fn(ReaderEvent) + Send + Sync>;
 
 /// Shared counters and caches of the readers of one session.
 #[derive(Debug, Default)]
@@ -538,11 +534,11 @@ pub struct ReaderShared {
     zero_checks: std::sync::Mutex<Vec<(usize, Checks)>>,
 }
 
-/// One reader thread: executes plans until the plan queue closes.
+/// One reader thread: executes jobs until the job queue closes.
 pub fn run_reader(
-    plans: crossbeam_channel::Receiver<Plan>,
+    jobs: crossbeam_channel::Receiver<ReadJob>,
     blocks: Sender<Block>,
-    failures: Sender<ReadFailure>,
+    report: ReaderReport,
     pool: Pool,
     cfg: ReaderConfig,
     shared: Arc<ReaderShared>,
@@ -555,12 +551,13 @@ pub fn run_reader(
         shared,
         cancel,
         blocks,
-        failures,
+        report,
     };
-    while let Some(plan) = recv_or_cancel(&plans, &reader.cancel)? {
-        match plan {
-            Plan::Chunked(job) => reader.send_chunked(job)?,
-            Plan::Packed(jobs) => reader.send_packed(jobs)?,
+    while let Some(job) = recv_or_cancel(&jobs, &reader.cancel)? {
+        match job {
+            ReadJob::Chunks { job, ranges } => reader.send_chunks(job, &ranges)?,
+            ReadJob::Packed(jobs) => reader.send_packed(jobs)?,
+            ReadJob::Verify { job, ranges } => reader.verify(job, &ranges),
         }
     }
     Ok(())
@@ -573,38 +570,76 @@ struct Reader {
     shared: Arc<ReaderShared>,
     cancel: Cancel,
     blocks: Sender<Block>,
-    failures: Sender<ReadFailure>,
+    report: ReaderReport,
+}
+
+/// A file opened for reading, with what it looked like when opened.
+struct Opened {
+    file: Option<Arc<File>>,
+    meta: Option<Meta>,
 }
 
 impl Reader {
     fn fail(&self, id: u64, error: Error) {
-        // The session is gone if nobody listens; its own error wins then.
-        let _ = self.failures.send(ReadFailure { id, error });
+        (self.report)(ReaderEvent::Failed { id, error });
     }
 
-    fn send_chunked(&self, job: FileJob) -> Result<(), Error> {
-        let file = match self.dir.borrow_mut().open(&job) {
-            Ok(f) => f.map(Arc::new),
+    /// Opens `job`'s file and checks it is still what was listed: a regular file of the
+    /// listed size and modification time.
+    fn open(&self, job: &FileJob) -> Result<Opened, Error> {
+        let Some(file) = self.dir.borrow_mut().open(job)? else {
+            return Ok(Opened {
+                file: None,
+                meta: None,
+            });
+        };
+        let meta = fs::fd_meta(file.as_fd()).map_err(|e| Error::local("stat", job.shown(), e))?;
+        if meta.size != job.size || (meta.mtime_sec, meta.mtime_nsec) != job.mtime {
+            return Err(changed(job, "changed since it was listed"));
+        }
+        Ok(Opened {
+            file: Some(Arc::new(file)),
+            meta: Some(meta),
+        })
+    }
+
+    /// Fails unless the file is as it was when opened: a write while it was read (even
+    /// one that put the modification time back) moves its change time.
+    fn unchanged(&self, job: &FileJob, opened: &Opened) -> Result<(), Error> {
+        let (Some(file), Some(before)) = (&opened.file, &opened.meta) else {
+            return Ok(());
+        };
+        let now = fs::fd_meta(file.as_fd()).map_err(|e| Error::local("stat", job.shown(), e))?;
+        if now != *before {
+            return Err(changed(job, "changed while it was being sent"));
+        }
+        Ok(())
+    }
+
+    fn send_chunks(&self, job: FileJob, ranges: &[(u64, u64)]) -> Result<(), Error> {
+        let opened = match self.open(&job) {
+            Ok(opened) => opened,
             Err(e) => {
                 self.fail(job.id, e);
                 return Ok(());
             }
         };
-        let zero_copy = self.cfg.io == IoMode::Sendfile && file.is_some();
+        let zero_copy = self.cfg.io == IoMode::Sendfile && opened.file.is_some();
         let zeros = matches!(job.content, Content::Zeros);
         // With nothing to check, a zero-copy block never passes through user space.
         let must_read = !zeros && (!zero_copy || self.cfg.block_crc || self.cfg.file_digest);
-        let mut offset = 0u64;
-        while offset < job.size {
+        let block_size = self.pool.block_size() as u64;
+        let mut pieces = wanxfer_session::chunks(ranges, block_size).peekable();
+        while let Some((offset, len)) = pieces.next() {
+            let len = len as usize;
             let mut block = self.pool.take(&self.cancel)?;
-            let len = (job.size - offset).min(block.capacity() as u64) as usize;
             let checks = if zeros {
                 self.zero_checks(&job, len)?
             } else if must_read {
                 let buf = &mut block.space()[..len];
                 let crc = self.cfg.block_crc.then_some(0);
                 match read_checked(
-                    file.as_deref(),
+                    opened.file.as_deref(),
                     &job,
                     offset,
                     buf,
@@ -620,31 +655,38 @@ impl Reader {
             } else {
                 Checks::default()
             };
+            if pieces.peek().is_none() {
+                // The plan's last block goes only if the file did not change meanwhile:
+                // without it the receiver never completes the file.
+                if let Err(e) = self.unchanged(&job, &opened) {
+                    self.fail(job.id, e);
+                    return Ok(());
+                }
+            }
             block.len = len;
             if zero_copy {
-                block.file_range = file.clone().map(|file| FileRange {
+                block.file_range = opened.file.clone().map(|file| FileRange {
                     file,
                     offset,
                     in_buffer: must_read,
                 });
             }
             let last = offset + len as u64 == job.size;
-            let seg = Segment {
+            block.segments.push(Segment {
                 file_id: job.id,
                 offset,
                 len: len as u32,
                 flags: if last { Segment::FLAG_LAST } else { 0 },
                 digest: checks.digest,
-            };
-            block.segments.push(seg);
+            });
             self.finish_and_send(block, checks.crc)?;
-            offset += len as u64;
         }
         Ok(())
     }
 
     /// Packs whole small files into one block, each read and checked as a chunk is. A
-    /// file that cannot be read leaves no bytes, and no share of the block's CRC.
+    /// file that cannot be read, or changes while read, leaves no bytes, and no share of
+    /// the block's CRC.
     fn send_packed(&self, jobs: Vec<FileJob>) -> Result<(), Error> {
         let mut block = self.pool.take(&self.cancel)?;
         let mut crc = self.cfg.block_crc.then_some(0u32);
@@ -652,8 +694,17 @@ impl Reader {
         for job in jobs {
             let size = job.size as usize;
             let buf = &mut block.space()[pos..pos + size];
-            let read = self.dir.borrow_mut().open(&job).and_then(|file| {
-                read_checked(file.as_ref(), &job, 0, buf, self.cfg.file_digest, crc)
+            let read = self.open(&job).and_then(|opened| {
+                let checks = read_checked(
+                    opened.file.as_deref(),
+                    &job,
+                    0,
+                    buf,
+                    self.cfg.file_digest,
+                    crc,
+                )?;
+                self.unchanged(&job, &opened)?;
+                Ok(checks)
             });
             let checks = match read {
                 Ok(checks) => checks,
@@ -677,6 +728,39 @@ impl Reader {
             return Ok(());
         }
         self.finish_and_send(block, crc)
+    }
+
+    /// Checks what the receiver holds of a file against the source: each held range is
+    /// read and hashed, and matches only if its digest is the one the receiver kept.
+    fn verify(&self, job: FileJob, ranges: &[HeldRange]) {
+        let result = self.open(&job).and_then(|opened| {
+            let mut buf = vec![0u8; IN_CACHE_PIECE_BYTES];
+            let mut matches = Vec::with_capacity(ranges.len());
+            for r in ranges {
+                if self.cancel.is_cancelled() {
+                    return Err(Error::Cancelled);
+                }
+                let mut hasher = FileHasher::new();
+                let mut at = 0u64;
+                while at < u64::from(r.len) {
+                    let n = (u64::from(r.len) - at).min(buf.len() as u64) as usize;
+                    fill(opened.file.as_deref(), &job, r.offset + at, &mut buf[..n])?;
+                    hasher.update(&buf[..n]);
+                    at += n as u64;
+                }
+                matches.push(hasher.digest() == r.digest);
+            }
+            self.unchanged(&job, &opened)?;
+            Ok(matches)
+        });
+        match result {
+            Ok(matches) => (self.report)(ReaderEvent::Verified {
+                id: job.id,
+                matches,
+            }),
+            Err(Error::Cancelled) => {}
+            Err(e) => self.fail(job.id, e),
+        }
     }
 
     /// Encodes the header (with `payload_crc`, if the block carries one) and queues the
@@ -712,6 +796,14 @@ impl Reader {
         cache.push((len, checks));
         Ok(checks)
     }
+}
+
+fn changed(job: &FileJob, how: &str) -> Error {
+    Error::local(
+        "read",
+        job.shown(),
+        std::io::Error::other(format!("the file {how}; it was not sent")),
+    )
 }
 
 /// What the sender computed over one chunk's bytes: the payload CRC (in a session without
@@ -838,34 +930,6 @@ mod tests {
             assert_eq!(explicit.resolve(true, true), explicit);
             assert_eq!(explicit.resolve(false, false), explicit);
         }
-    }
-
-    fn job(id: u64, size: u64) -> FileJob {
-        FileJob {
-            id,
-            size,
-            content: Content::Zeros,
-            top: "".into(),
-        }
-    }
-
-    #[test]
-    fn planner_packs_small_files_and_chunks_large_ones() {
-        let mut p = Planner::new(100);
-        let mut out = Vec::new();
-        p.add(job(0, 40), &mut out);
-        p.add(job(1, 40), &mut out);
-        p.add(job(2, 40), &mut out); // does not fit: the first pack is emitted
-        p.add(job(3, 100), &mut out); // a whole block: chunked on its own
-        p.flush(&mut out);
-        let shapes: Vec<Vec<u64>> = out
-            .iter()
-            .map(|plan| match plan {
-                Plan::Chunked(j) => vec![j.id + 1000],
-                Plan::Packed(js) => js.iter().map(|j| j.id).collect(),
-            })
-            .collect();
-        assert_eq!(shapes, vec![vec![0, 1], vec![1003], vec![2]]);
     }
 
     #[test]

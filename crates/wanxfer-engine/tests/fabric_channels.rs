@@ -1,15 +1,16 @@
-//! The fabric transport's pumps on their own, over libfabric's tcp provider on loopback:
-//! blocks arrive intact and in full, a forged channel proof is refused, and when a
-//! session's channels end every memory registration they made is gone.
+//! The fabric transport on its own, over libfabric's tcp provider on loopback: a link
+//! pairs a fabric channel with the data connection that joined, blocks arrive intact and
+//! in full, a fabric channel presenting another connection's proof is refused, and when a
+//! link ends every memory registration it made is gone.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::sync::Arc;
 
 use wanxfer_engine::pool::{Cancel, Pool};
 use wanxfer_engine::progress::Progress;
-use wanxfer_engine::transport::fabric::{self, RecvLimits, SlotPlan};
-use wanxfer_proto::handshake::{Authenticated, ClientHandshake, ServerHandshake, Step};
-use wanxfer_proto::{features, BlockHeader, Segment};
+use wanxfer_engine::transport::fabric::{self, FabricTransport, SlotPlan};
+use wanxfer_engine::transport::{Joined, LinkEvent, PumpCtx, Transport};
+use wanxfer_proto::{BlockHeader, ChannelJoin, Segment};
 
 const BLOCK: u32 = 256 << 10;
 const TAG: u64 = 0x5eed;
@@ -25,23 +26,36 @@ fn tcp_provider_present() -> bool {
     ok
 }
 
-/// Both ends of a completed handshake, run in memory (the handshake is sans-IO).
-fn authenticated_pair(secret: &[u8]) -> (Authenticated, Authenticated) {
-    let mut client = ClientHandshake::new(secret, [1; 32], features::SUPPORTED);
-    let mut server = ServerHandshake::new(secret, [2; 32], features::SUPPORTED);
-    let Ok(Step::Send(server_hello)) = server.handle(client.hello()) else {
-        panic!("server hello")
+/// Both ends of a data connection that joined as channel 0 with `proof`.
+fn joined_pair(proof: [u8; 32]) -> (Joined, Joined) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (server, _) = listener.accept().unwrap();
+    let join = ChannelJoin {
+        session_id: [9; 16],
+        index: 0,
+        proof,
     };
-    let Ok(Step::Send(proof)) = client.handle(server_hello) else {
-        panic!("client proof")
-    };
-    let Ok(Step::SendAndDone(ok, server_auth)) = server.handle(proof) else {
-        panic!("server accepts")
-    };
-    let Ok(Step::Done(client_auth)) = client.handle(ok) else {
-        panic!("client done")
-    };
-    (client_auth, server_auth)
+    (
+        Joined {
+            stream: client,
+            join,
+        },
+        Joined {
+            stream: server,
+            join,
+        },
+    )
+}
+
+fn ctx(progress: Arc<Progress>) -> PumpCtx {
+    PumpCtx {
+        index: 0,
+        report: Arc::new(|_: LinkEvent| {}),
+        cancel: Cancel::default(),
+        progress,
+        peer: "test".into(),
+    }
 }
 
 fn block_bytes(pool: &Pool, seq: u64) -> wanxfer_engine::pool::Block {
@@ -72,29 +86,37 @@ fn block_bytes(pool: &Pool, seq: u64) -> wanxfer_engine::pool::Block {
     block
 }
 
+/// A server transport accepting on its own listener, and a client transport dialling it.
+fn transports(cancel: &Cancel) -> (FabricTransport, FabricTransport) {
+    let plan = SlotPlan::new(BLOCK, 2);
+    let (listener, names) = fabric::listen("tcp", IpAddr::V4(Ipv4Addr::LOCALHOST)).unwrap();
+    assert_eq!(names.provider, "tcp");
+    let addr = listener.local_addr();
+    let server = FabricTransport::server(
+        listener,
+        plan,
+        TAG,
+        BLOCK as usize,
+        "client".into(),
+        cancel.clone(),
+    )
+    .unwrap();
+    let client = FabricTransport::client("tcp", addr, plan, TAG, BLOCK as usize);
+    (server, client)
+}
+
 #[test]
 fn blocks_cross_intact_and_teardown_revokes_every_registration() {
     if !tcp_provider_present() {
         return;
     }
-    let (client_auth, server_auth) = authenticated_pair(b"secret");
-    let session_id = [9u8; 16];
-    let plan = SlotPlan::new(BLOCK, 2);
-    let (mut listener, names) = fabric::listen("tcp", IpAddr::V4(Ipv4Addr::LOCALHOST)).unwrap();
-    assert_eq!(names.provider, "tcp");
-    let addr = listener.local_addr();
-
+    let cancel = Cancel::default();
+    let (server, client) = transports(&cancel);
+    let (client_end, server_end) = joined_pair([4; 32]);
     let receiver = std::thread::spawn(move || {
-        let channels =
-            fabric::accept_channels(&mut listener, plan, &server_auth, &session_id, 1, "test")
-                .unwrap();
-        let registrations: Vec<_> = channels.iter().map(|c| c.registrations()).collect();
+        let link = server.accept(server_end).unwrap();
+        let registrations = link.registrations().unwrap();
         let (out, blocks) = crossbeam_channel::unbounded();
-        let limits = RecvLimits {
-            plan,
-            session_tag: TAG,
-            max_payload: BLOCK as usize,
-        };
         let collector = std::thread::spawn(move || {
             blocks
                 .iter()
@@ -108,27 +130,14 @@ fn blocks_cross_intact_and_teardown_revokes_every_registration() {
                 })
                 .collect::<Vec<_>>()
         });
-        for channel in channels {
-            fabric::recv_blocks(
-                channel,
-                &limits,
-                &out,
-                &Cancel::default(),
-                &Progress::default(),
-                "client",
-            )
-            .unwrap();
-        }
-        drop(out);
+        link.receive(None, out, &ctx(Arc::default())).unwrap();
         let mut seqs = collector.join().unwrap();
         seqs.sort_unstable();
         (seqs, registrations)
     });
 
-    let mut channels =
-        fabric::connect_channels("tcp", addr, plan, &client_auth, &session_id, 1).unwrap();
-    let channel = channels.pop().unwrap();
-    let sender_regs = channel.registrations();
+    let link = client.connect(client_end).unwrap();
+    let sender_regs = link.registrations().unwrap();
     let pool = Pool::new(8, BLOCK as usize);
     let (queue, rx) = crossbeam_channel::bounded(2);
     let feeder = {
@@ -140,48 +149,38 @@ fn blocks_cross_intact_and_teardown_revokes_every_registration() {
         })
     };
     let progress = Arc::new(Progress::default());
-    fabric::send_blocks(channel, plan, &rx, &Cancel::default(), &progress, "server").unwrap();
+    link.send(rx, &ctx(progress.clone())).unwrap();
     feeder.join().unwrap();
 
     let (seqs, receiver_regs) = receiver.join().unwrap();
+    cancel.cancel();
     assert_eq!(seqs, (0..40).collect::<Vec<_>>());
     assert_eq!(
         progress.bytes.load(std::sync::atomic::Ordering::Relaxed),
         40 * u64::from(BLOCK)
     );
     assert_eq!(sender_regs.live(), 0, "sender registrations revoked");
-    assert!(
-        receiver_regs.iter().all(|r| r.live() == 0),
-        "receiver registrations revoked"
-    );
+    assert_eq!(receiver_regs.live(), 0, "receiver registrations revoked");
 }
 
+/// A fabric channel must present the proof its data connection joined with: one bound to
+/// another connection (an impostor's, or a replay) is refused.
 #[test]
-fn a_forged_fabric_channel_proof_is_refused() {
+fn a_fabric_channel_with_another_connections_proof_is_refused() {
     if !tcp_provider_present() {
         return;
     }
-    let (_, server_auth) = authenticated_pair(b"secret");
-    let (impostor, _) = authenticated_pair(b"another secret");
-    let session_id = [7u8; 16];
-    let plan = SlotPlan::new(BLOCK, 1);
-    let (mut listener, _) = fabric::listen("tcp", IpAddr::V4(Ipv4Addr::LOCALHOST)).unwrap();
-    let addr = listener.local_addr();
-    let server = std::thread::spawn(move || {
-        fabric::accept_channels(
-            &mut listener,
-            plan,
-            &server_auth,
-            &session_id,
-            1,
-            "impostor",
-        )
-    });
-    let _channels = fabric::connect_channels("tcp", addr, plan, &impostor, &session_id, 1);
-    let refused = server.join().unwrap();
+    let cancel = Cancel::default();
+    let (server, client) = transports(&cancel);
+    let (_, server_end) = joined_pair([4; 32]);
+    let (impostor_end, _) = joined_pair([5; 32]);
+    let accepted = std::thread::spawn(move || server.accept(server_end).map(drop));
+    let _impostor = client.connect(impostor_end);
+    let refused = accepted.join().unwrap();
+    cancel.cancel();
     match refused {
         Err(wanxfer_engine::Error::Auth { .. }) => {}
         Err(other) => panic!("expected an authentication refusal, got {other}"),
-        Ok(_) => panic!("a forged proof was accepted"),
+        Ok(()) => panic!("a forged proof was accepted"),
     }
 }

@@ -279,8 +279,18 @@ impl Channel {
 
     /// Accepts the next connection on `listener` and opens a channel.
     pub fn accept(listener: &mut Listener, cfg: &ChannelConfig) -> Result<Channel> {
+        Channel::accept_within(listener, cfg, cfg.connect_timeout)
+    }
+
+    /// As [`Channel::accept`], waiting at most `request_wait` for a connection request
+    /// ([`Error::Timeout`] if none came, the listener unchanged).
+    pub fn accept_within(
+        listener: &mut Listener,
+        cfg: &ChannelConfig,
+        request_wait: Option<Duration>,
+    ) -> Result<Channel> {
         cfg.validate()?;
-        let conn = listener.accept(&cfg.conn_config(), cfg.connect_timeout)?;
+        let conn = listener.accept_within(&cfg.conn_config(), request_wait, cfg.connect_timeout)?;
         Channel::open(conn, cfg)
     }
 

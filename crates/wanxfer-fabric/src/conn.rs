@@ -1161,8 +1161,20 @@ impl Listener {
     /// Waits for a connection request, sets the endpoint up (receives
     /// posted) and accepts it.
     pub fn accept(&mut self, cc: &ConnConfig, timeout: Option<Duration>) -> Result<Connection> {
+        self.accept_within(cc, timeout, timeout)
+    }
+
+    /// As [`Listener::accept`], waiting at most `request_wait` for a request (an
+    /// [`Error::Timeout`] then leaves the listener as it was, so a caller can poll
+    /// for cancellation) and `timeout` for the connection to complete.
+    pub fn accept_within(
+        &mut self,
+        cc: &ConnConfig,
+        request_wait: Option<Duration>,
+        timeout: Option<Duration>,
+    ) -> Result<Connection> {
         let info = loop {
-            match wait_cm_event(self.eq, timeout, "a connection request")? {
+            match wait_cm_event(self.eq, request_wait, "a connection request")? {
                 CmEvent::ConnReq(mut info) => {
                     info.apply(&self.cfg);
                     break info;

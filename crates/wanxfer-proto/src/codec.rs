@@ -74,6 +74,11 @@ impl<'a> Decoder<'a> {
         Ok(head)
     }
 
+    /// Exactly `n` raw bytes (a length the caller already bounded).
+    pub fn take_bytes(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        self.take(n)
+    }
+
     pub fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
         let mut out = [0u8; N];
         out.copy_from_slice(self.take(N)?);

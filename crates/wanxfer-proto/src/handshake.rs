@@ -1,27 +1,36 @@
 //! Mutual authentication with a shared secret, as two state machines.
 //!
-//! The secret never crosses the wire: each side sends a fresh nonce, the client proves
-//! knowledge of the secret with an HMAC over both nonces, and the server proves it back,
-//! so a client cannot be fooled by an impostor server either. Data channels join a session
-//! with a proof bound to that session's nonces and id, so a channel cannot be attached to
-//! someone else's session without the secret. Confidentiality is TLS's job (a later
-//! feature bit); this handshake only decides who may make the server touch its disk.
+//! The secret never crosses the wire. The server greets every connection first with a
+//! [`Hello`] carrying a nonce fresh for that connection, before it has read a byte, so
+//! neither side waits on the other to start. On a control connection the client answers
+//! with its own `Hello` and an HMAC over both nonces; the server checks it and proves
+//! itself back, so a client cannot be fooled by an impostor server either. Both then
+//! share a session key derived from the secret and both nonces.
 //!
-//! Order: client `Hello` → server `Hello` → client `AuthProof` → server `AuthOk` (or
-//! `Error` with [`FailureClass::Auth`]). The caller supplies nonces, so tests are
-//! deterministic; in production they come from the OS random source.
+//! A data channel proves it belongs to a session with an HMAC under that key over the
+//! session id, its channel index and the nonce the server sent *on that data connection*.
+//! A join captured on the path is therefore worthless on any other connection: replayed
+//! ahead of the real one or after it, it fails on the replayer's connection and leaves
+//! the real one alone. Confidentiality is TLS's job (a later feature bit); this handshake
+//! only decides who may make the server touch its disk.
+//!
+//! Order on a control connection: server `Hello` and client `Hello` (both at once), client
+//! `AuthProof`, server `AuthOk` (or `Error` with [`FailureClass::Auth`]). The caller
+//! supplies nonces, so tests are deterministic; in production they come from the OS random
+//! source.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-use crate::{ErrorMsg, FailureClass, Hello, Message, PROTOCOL_VERSION};
+use crate::{features, ErrorMsg, FailureClass, Hello, Message, PROTOCOL_VERSION};
 
 type HmacSha256 = Hmac<Sha256>;
 
-const CLIENT_LABEL: &[u8] = b"wanxfer/1 client proof";
-const SERVER_LABEL: &[u8] = b"wanxfer/1 server proof";
-const CHANNEL_LABEL: &[u8] = b"wanxfer/1 channel proof";
+const CLIENT_LABEL: &[u8] = b"wanxfer/5 client proof";
+const SERVER_LABEL: &[u8] = b"wanxfer/5 server proof";
+const SESSION_KEY_LABEL: &[u8] = b"wanxfer/5 session key";
+const CHANNEL_LABEL: &[u8] = b"wanxfer/5 channel proof";
 
 /// Why a handshake did not complete.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,6 +50,8 @@ pub enum HandshakeError {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Step {
     Send(Message),
+    /// Nothing to send; wait for the peer's next message.
+    Wait,
     /// Send this message, then the handshake is complete.
     SendAndDone(Message, Authenticated),
     Done(Authenticated),
@@ -49,61 +60,77 @@ pub enum Step {
 /// The result of a completed handshake: what both sides now share.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Authenticated {
-    secret: Vec<u8>,
-    client_nonce: [u8; 32],
-    server_nonce: [u8; 32],
+    session_key: [u8; 32],
+    /// What this side offered.
+    pub features: u64,
+    /// What the peer offered.
     pub peer_features: u64,
 }
 
 impl std::fmt::Debug for Authenticated {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Authenticated")
+            .field("features", &self.features)
             .field("peer_features", &self.peer_features)
             .finish_non_exhaustive()
     }
 }
 
 impl Authenticated {
-    /// The proof a data channel presents to join `session_id` as channel `index`.
-    pub fn channel_proof(&self, session_id: &[u8; 16], index: u16) -> [u8; 32] {
-        self.mac(CHANNEL_LABEL, &[session_id, &index.to_le_bytes()])
+    fn new(secret: &[u8], client_nonce: &[u8; 32], server_nonce: &[u8; 32]) -> Self {
+        Authenticated {
+            session_key: mac(secret, SESSION_KEY_LABEL, &[client_nonce, server_nonce]),
+            features: 0,
+            peer_features: 0,
+        }
+    }
+
+    /// The features the session uses: those both sides offered.
+    pub fn negotiated(&self) -> u64 {
+        features::negotiate(self.features, self.peer_features)
+    }
+
+    /// The proof a data channel presents to join `session_id` as channel `index` on the
+    /// connection whose server greeting carried `join_nonce`.
+    pub fn channel_proof(
+        &self,
+        session_id: &[u8; 16],
+        index: u16,
+        join_nonce: &[u8; 32],
+    ) -> [u8; 32] {
+        mac(
+            &self.session_key,
+            CHANNEL_LABEL,
+            &[session_id, &index.to_le_bytes(), join_nonce],
+        )
     }
 
     /// Checks a joining channel's proof in constant time.
-    pub fn verify_channel(&self, session_id: &[u8; 16], index: u16, proof: &[u8; 32]) -> bool {
-        self.channel_proof(session_id, index).ct_eq(proof).into()
-    }
-
-    fn mac(&self, label: &[u8], extra: &[&[u8]]) -> [u8; 32] {
-        mac(
-            &self.secret,
-            label,
-            &self.client_nonce,
-            &self.server_nonce,
-            extra,
-        )
+    pub fn verify_channel(
+        &self,
+        session_id: &[u8; 16],
+        index: u16,
+        join_nonce: &[u8; 32],
+        proof: &[u8; 32],
+    ) -> bool {
+        self.channel_proof(session_id, index, join_nonce)
+            .ct_eq(proof)
+            .into()
     }
 }
 
-fn mac(
-    secret: &[u8],
-    label: &[u8],
-    client_nonce: &[u8; 32],
-    server_nonce: &[u8; 32],
-    extra: &[&[u8]],
-) -> [u8; 32] {
+fn mac(key: &[u8], label: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     // HMAC accepts keys of any length, so this cannot fail.
-    let mut m = HmacSha256::new_from_slice(secret).expect("HMAC takes any key length");
+    let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
     m.update(label);
-    m.update(client_nonce);
-    m.update(server_nonce);
-    for part in extra {
+    for part in parts {
         m.update(part);
     }
     m.finalize().into_bytes().into()
 }
 
-fn hello(nonce: [u8; 32], features: u64) -> Message {
+/// The `Hello` either side sends.
+pub fn hello(nonce: [u8; 32], features: u64) -> Message {
     Message::Hello(Hello {
         version: PROTOCOL_VERSION,
         features,
@@ -120,92 +147,95 @@ fn refused(msg: &ErrorMsg) -> HandshakeError {
     }
 }
 
-/// The client side.
+fn check_version(h: &Hello) -> Result<(), HandshakeError> {
+    if h.version != PROTOCOL_VERSION {
+        return Err(HandshakeError::Version(h.version));
+    }
+    Ok(())
+}
+
+/// The client side of a control connection.
 pub struct ClientHandshake {
-    auth: Authenticated,
+    secret: Vec<u8>,
+    client_nonce: [u8; 32],
     features: u64,
     state: ClientState,
 }
 
-#[derive(Debug, PartialEq, Eq)]
 enum ClientState {
     AwaitHello,
-    AwaitOk,
+    AwaitOk(Authenticated, [u8; 32]),
     Done,
 }
 
 impl ClientHandshake {
     pub fn new(secret: &[u8], client_nonce: [u8; 32], features: u64) -> Self {
         ClientHandshake {
-            auth: Authenticated {
-                secret: secret.to_vec(),
-                client_nonce,
-                server_nonce: [0; 32],
-                peer_features: 0,
-            },
+            secret: secret.to_vec(),
+            client_nonce,
             features,
             state: ClientState::AwaitHello,
         }
     }
 
-    /// The first message to send.
+    /// The first message to send, at once: it does not depend on the server's greeting.
     pub fn hello(&self) -> Message {
-        hello(self.auth.client_nonce, self.features)
+        hello(self.client_nonce, self.features)
     }
 
     pub fn handle(&mut self, msg: Message) -> Result<Step, HandshakeError> {
         match (&self.state, msg) {
             (_, Message::Error(e)) => Err(refused(&e)),
             (ClientState::AwaitHello, Message::Hello(h)) => {
-                if h.version != PROTOCOL_VERSION {
-                    return Err(HandshakeError::Version(h.version));
-                }
-                self.auth.server_nonce = h.nonce;
-                self.auth.peer_features = h.features;
-                self.state = ClientState::AwaitOk;
-                Ok(Step::Send(Message::AuthProof {
-                    mac: self.auth.mac(CLIENT_LABEL, &[]),
-                }))
+                check_version(&h)?;
+                let mut auth = Authenticated::new(&self.secret, &self.client_nonce, &h.nonce);
+                auth.features = self.features;
+                auth.peer_features = h.features;
+                let proof = mac(&self.secret, CLIENT_LABEL, &[&self.client_nonce, &h.nonce]);
+                let expected = mac(&self.secret, SERVER_LABEL, &[&self.client_nonce, &h.nonce]);
+                self.state = ClientState::AwaitOk(auth, expected);
+                Ok(Step::Send(Message::AuthProof { mac: proof }))
             }
-            (ClientState::AwaitOk, Message::AuthOk { mac }) => {
-                let expected = self.auth.mac(SERVER_LABEL, &[]);
+            (ClientState::AwaitOk(auth, expected), Message::AuthOk { mac }) => {
                 if !bool::from(expected.ct_eq(&mac)) {
                     return Err(HandshakeError::BadProof);
                 }
+                let auth = auth.clone();
                 self.state = ClientState::Done;
-                Ok(Step::Done(self.auth.clone()))
+                Ok(Step::Done(auth))
             }
             _ => Err(HandshakeError::Unexpected("message")),
         }
     }
 }
 
-/// The server side.
+/// The server side of a control connection.
 pub struct ServerHandshake {
-    auth: Authenticated,
+    secret: Vec<u8>,
+    server_nonce: [u8; 32],
     features: u64,
     state: ServerState,
 }
 
-#[derive(Debug, PartialEq, Eq)]
 enum ServerState {
     AwaitHello,
-    AwaitProof,
+    AwaitProof(Hello),
     Done,
 }
 
 impl ServerHandshake {
     pub fn new(secret: &[u8], server_nonce: [u8; 32], features: u64) -> Self {
         ServerHandshake {
-            auth: Authenticated {
-                secret: secret.to_vec(),
-                client_nonce: [0; 32],
-                server_nonce,
-                peer_features: 0,
-            },
+            secret: secret.to_vec(),
+            server_nonce,
             features,
             state: ServerState::AwaitHello,
         }
+    }
+
+    /// The greeting, sent as soon as the connection is accepted.
+    pub fn hello(&self) -> Message {
+        hello(self.server_nonce, self.features)
     }
 
     /// Feeds one client message. On a bad proof the error is returned; the caller sends
@@ -213,24 +243,23 @@ impl ServerHandshake {
     pub fn handle(&mut self, msg: Message) -> Result<Step, HandshakeError> {
         match (&self.state, msg) {
             (ServerState::AwaitHello, Message::Hello(h)) => {
-                if h.version != PROTOCOL_VERSION {
-                    return Err(HandshakeError::Version(h.version));
-                }
-                self.auth.client_nonce = h.nonce;
-                self.auth.peer_features = h.features;
-                self.state = ServerState::AwaitProof;
-                Ok(Step::Send(hello(self.auth.server_nonce, self.features)))
+                check_version(&h)?;
+                self.state = ServerState::AwaitProof(h);
+                Ok(Step::Wait)
             }
-            (ServerState::AwaitProof, Message::AuthProof { mac }) => {
-                let expected = self.auth.mac(CLIENT_LABEL, &[]);
-                if !bool::from(expected.ct_eq(&mac)) {
+            (ServerState::AwaitProof(h), Message::AuthProof { mac: proof }) => {
+                let expected = mac(&self.secret, CLIENT_LABEL, &[&h.nonce, &self.server_nonce]);
+                if !bool::from(expected.ct_eq(&proof)) {
                     return Err(HandshakeError::BadProof);
                 }
-                self.state = ServerState::Done;
+                let mut auth = Authenticated::new(&self.secret, &h.nonce, &self.server_nonce);
+                auth.features = self.features;
+                auth.peer_features = h.features;
                 let ok = Message::AuthOk {
-                    mac: self.auth.mac(SERVER_LABEL, &[]),
+                    mac: mac(&self.secret, SERVER_LABEL, &[&h.nonce, &self.server_nonce]),
                 };
-                Ok(Step::SendAndDone(ok, self.auth.clone()))
+                self.state = ServerState::Done;
+                Ok(Step::SendAndDone(ok, auth))
             }
             _ => Err(HandshakeError::Unexpected("message")),
         }
@@ -249,15 +278,17 @@ impl ServerHandshake {
 mod tests {
     use super::*;
 
-    fn run(client_secret: &[u8], server_secret: &[u8]) -> Result<(), HandshakeError> {
-        let mut c = ClientHandshake::new(client_secret, [1; 32], 0);
-        let mut s = ServerHandshake::new(server_secret, [2; 32], 0);
-        let Step::Send(server_hello) = s.handle(c.hello())? else {
-            panic!("server answers hello")
-        };
-        let Step::Send(proof) = c.handle(server_hello)? else {
+    /// Runs a whole control handshake; both sides' results.
+    fn run(
+        client_secret: &[u8],
+        server_secret: &[u8],
+    ) -> Result<(Authenticated, Authenticated), HandshakeError> {
+        let mut c = ClientHandshake::new(client_secret, [1; 32], features::SUPPORTED);
+        let mut s = ServerHandshake::new(server_secret, [2; 32], features::COMPARE);
+        let Step::Send(proof) = c.handle(s.hello())? else {
             panic!("client sends proof")
         };
+        assert_eq!(s.handle(c.hello())?, Step::Wait);
         let (ok, server_auth) = match s.handle(proof) {
             Ok(Step::SendAndDone(ok, auth)) => (ok, auth),
             Ok(other) => panic!("unexpected {other:?}"),
@@ -269,31 +300,64 @@ mod tests {
         let Step::Done(client_auth) = c.handle(ok)? else {
             panic!("client done")
         };
-        let proof = client_auth.channel_proof(&[5; 16], 3);
-        assert!(server_auth.verify_channel(&[5; 16], 3, &proof));
-        assert!(!server_auth.verify_channel(&[5; 16], 4, &proof));
-        assert!(!server_auth.verify_channel(&[6; 16], 3, &proof));
-        Ok(())
+        Ok((client_auth, server_auth))
     }
 
     #[test]
-    fn same_secret_authenticates_both_ways() {
-        run(b"s3cret", b"s3cret").unwrap();
+    fn same_secret_authenticates_both_ways_and_features_are_intersected() {
+        let (client, server) = run(b"s3cret", b"s3cret").unwrap();
+        assert_eq!(client.negotiated(), features::COMPARE);
+        assert_eq!(server.negotiated(), features::COMPARE);
     }
 
     #[test]
     fn wrong_secret_is_refused() {
-        assert_eq!(run(b"wrong", b"s3cret"), Err(HandshakeError::BadProof));
+        assert_eq!(
+            run(b"wrong", b"s3cret").unwrap_err(),
+            HandshakeError::BadProof
+        );
+    }
+
+    /// The regression of issue 16 item 9: a join proof is good only on the connection
+    /// whose greeting carried its nonce, for its session and its index.
+    #[test]
+    fn a_channel_proof_is_bound_to_its_connection_session_and_index() {
+        let (client, server) = run(b"s3cret", b"s3cret").unwrap();
+        let proof = client.channel_proof(&[5; 16], 3, &[9; 32]);
+        assert!(server.verify_channel(&[5; 16], 3, &[9; 32], &proof));
+        assert!(
+            !server.verify_channel(&[5; 16], 3, &[8; 32], &proof),
+            "another connection"
+        );
+        assert!(
+            !server.verify_channel(&[5; 16], 4, &[9; 32], &proof),
+            "another index"
+        );
+        assert!(
+            !server.verify_channel(&[6; 16], 3, &[9; 32], &proof),
+            "another session"
+        );
+        // Another control handshake with the same secret derives another key.
+        let (other, _) = {
+            let mut c = ClientHandshake::new(b"s3cret", [7; 32], 0);
+            let s = ServerHandshake::new(b"s3cret", [2; 32], 0);
+            let Ok(Step::Send(_)) = c.handle(s.hello()) else {
+                panic!()
+            };
+            let ClientState::AwaitOk(auth, _) = &c.state else {
+                panic!()
+            };
+            (auth.clone(), ())
+        };
+        let stolen = other.channel_proof(&[5; 16], 3, &[9; 32]);
+        assert!(!server.verify_channel(&[5; 16], 3, &[9; 32], &stolen));
     }
 
     #[test]
     fn impostor_server_is_detected() {
         let mut c = ClientHandshake::new(b"s3cret", [1; 32], 0);
-        let mut s = ServerHandshake::new(b"s3cret", [2; 32], 0);
-        let Ok(Step::Send(h)) = s.handle(c.hello()) else {
-            panic!()
-        };
-        c.handle(h).unwrap();
+        let s = ServerHandshake::new(b"s3cret", [2; 32], 0);
+        c.handle(s.hello()).unwrap();
         let forged = Message::AuthOk { mac: [0; 32] };
         assert_eq!(c.handle(forged), Err(HandshakeError::BadProof));
     }
@@ -305,5 +369,15 @@ mod tests {
             s.handle(Message::AuthProof { mac: [0; 32] }),
             Err(HandshakeError::Unexpected(_))
         ));
+    }
+
+    #[test]
+    fn another_version_is_named() {
+        let mut s = ServerHandshake::new(b"x", [2; 32], 0);
+        let Message::Hello(mut h) = hello([1; 32], 0) else {
+            unreachable!()
+        };
+        h.version = 4;
+        assert_eq!(s.handle(Message::Hello(h)), Err(HandshakeError::Version(4)));
     }
 }

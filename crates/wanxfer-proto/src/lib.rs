@@ -1,11 +1,13 @@
 //! wanxfer's wire protocol, with no I/O.
 //!
 //! A session is one control connection plus any number of data channels. Every
-//! connection starts with a [`Preamble`] saying what it is. The control connection then
-//! carries [`Message`]s in checksummed frames ([`encode_frame`], [`FrameHeader`]); a data
-//! channel carries one [`Message::ChannelJoin`] frame and then blocks: a fixed
-//! [`BlockHeader`], a table of [`Segment`]s saying which file bytes the block holds, and
-//! the payload.
+//! connection starts with a [`Preamble`] from each side: the client's says what the
+//! connection is for, the server's (sent as soon as it accepts, before it has read a byte)
+//! is followed by its [`Hello`], whose nonce is fresh for that connection. The control
+//! connection then carries [`Message`]s in checksummed frames ([`encode_frame`],
+//! [`FrameHeader`]); a data channel carries one [`Message::ChannelJoin`] frame, whose proof
+//! is bound to that connection's nonce, and then blocks: a fixed [`BlockHeader`], a table
+//! of [`Segment`]s saying which file bytes the block holds, and the payload.
 //!
 //! Callers own the sockets: they read [`FrameHeader::LEN`] bytes, call
 //! [`FrameHeader::decode`] (which refuses lengths past [`MAX_FRAME_BODY`] before anything
@@ -30,11 +32,14 @@ pub use message::*;
 pub use path::{check_name, PathError, RelPath, MAX_NAME_BYTES, MAX_PATH_BYTES};
 
 /// The protocol version this build speaks. Bump it when a frame's meaning changes; new
-/// optional behaviour is negotiated with [`features`] bits instead.
-pub const PROTOCOL_VERSION: u16 = 4;
+/// optional behaviour is negotiated with [`features`] bits instead. Version 5 is session
+/// protocol 2: the server greets first, channel joins are bound to their connection, and
+/// transfers resume, compare and fail over.
+pub const PROTOCOL_VERSION: u16 = 5;
 
-/// Feature bits exchanged in [`Hello`]. A bit once used is never reused for something else:
-/// retired bits stay here as comments.
+/// Feature bits exchanged in [`Hello`]: each side says what it offers, and a session uses
+/// only what both offer ([`features::negotiate`]). A bit once used is never reused for
+/// something else: retired bits stay here as comments.
 pub mod features {
     /// Blocks can carry a CRC-32C of their payload (since protocol 4, only in sessions
     /// without segment digests).
@@ -42,15 +47,25 @@ pub mod features {
     /// Segments carry the 128-bit XXH3 digest of their bytes (whole files' digests before
     /// protocol version 4).
     pub const FILE_XXH3_128: u64 = 1 << 1;
-    /// Reserved: TLS 1.3 on the control channel (later).
+    /// Reserved: TLS 1.3 on every connection (later).
     pub const TLS: u64 = 1 << 2;
-    /// Data channels may be libfabric endpoints using [`crate::Message::Credit`] grants.
+    /// Data channels may be libfabric endpoints (RDMA writes into slots the receiver
+    /// grants on the fabric connection itself). A server offers it only when started with
+    /// a provider.
     pub const FABRIC: u64 = 1 << 3;
-    /// Reserved: resume from a journal of finished blocks (later).
+    /// The receiver keeps a journal of verified ranges and reports what it holds
+    /// ([`crate::Message::Held`]), so an interrupted transfer resumes.
     pub const RESUME: u64 = 1 << 4;
+    /// The receiver skips files it already has ([`crate::Message::UpToDate`]).
+    pub const COMPARE: u64 = 1 << 5;
 
     /// What this build implements.
-    pub const SUPPORTED: u64 = BLOCK_CRC32C | FILE_XXH3_128;
+    pub const SUPPORTED: u64 = BLOCK_CRC32C | FILE_XXH3_128 | FABRIC | RESUME | COMPARE;
+
+    /// The features a session between these two sides uses.
+    pub const fn negotiate(ours: u64, theirs: u64) -> u64 {
+        ours & theirs & SUPPORTED
+    }
 }
 
 /// A decoding failure: always the peer's fault (or the network's), never ours.
@@ -96,6 +111,8 @@ pub struct Preamble {
 pub enum ConnectionKind {
     Control,
     Data,
+    /// The server's side of any connection: its greeting.
+    Server,
 }
 
 impl Preamble {
@@ -116,6 +133,7 @@ impl Preamble {
         let kind: u16 = match self.kind {
             ConnectionKind::Control => 0,
             ConnectionKind::Data => 1,
+            ConnectionKind::Server => 2,
         };
         out[10..12].copy_from_slice(&kind.to_le_bytes());
         out
@@ -132,6 +150,7 @@ impl Preamble {
         let kind = match u16::from_le_bytes([bytes[10], bytes[11]]) {
             0 => ConnectionKind::Control,
             1 => ConnectionKind::Data,
+            2 => ConnectionKind::Server,
             other => {
                 return Err(DecodeError::Unknown {
                     what: "connection kind",

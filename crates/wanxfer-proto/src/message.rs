@@ -20,8 +20,13 @@ pub const MAX_MANIFEST_ENTRIES: usize = 16_384;
 pub const MAX_SESSION_PATHS: usize = 4096;
 /// Most ids in one [`Message::FileAck`].
 pub const MAX_ACK_IDS: usize = 16_384;
-/// Most slots granted in one [`Credit`].
-pub const MAX_CREDIT_GRANTS: usize = 4096;
+/// Most held ranges in one [`Held`] frame (a file's ranges may span several frames).
+pub const MAX_HELD_RANGES: usize = 16_384;
+/// Most held ranges per file the receiver reports, and the sender accepts, in all: a
+/// file's ranges beyond this are simply sent again.
+pub const MAX_HELD_RANGES_PER_FILE: usize = 65_536;
+/// Most paths in one [`Message::Skipped`] frame.
+pub const MAX_SKIPPED_PATHS: usize = 256;
 /// Longest software identification string in [`Hello`].
 pub const MAX_SOFTWARE_BYTES: usize = 64;
 
@@ -162,6 +167,33 @@ pub mod session_flags {
     pub const ALL: u32 = DISCARD | SYNTHETIC_SOURCE | NO_BLOCK_CHECKSUM | NO_FILE_DIGEST;
 }
 
+/// Where a push's sources land beneath its destination path, `cp -r` style.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Placement {
+    /// Decide by what is there: into the destination if it is a directory, onto it if
+    /// there is one source and it is not (the first run of a transfer).
+    Resolve,
+    /// Into the destination directory, which is created if it is missing (a destination
+    /// written with a trailing slash, or pinned by an earlier run).
+    Into,
+    /// The single source becomes the destination's name.
+    Onto,
+}
+
+/// How a receiver decides that a file it already has need not be sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Compare {
+    /// Send every file.
+    Always,
+    /// Skip a file whose size and modification time (to the nanosecond) match: rsync's
+    /// quick check.
+    QuickCheck,
+    /// Skip the parts of a file of the same size whose digests match the source's.
+    Checksum,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
     pub version: u16,
@@ -187,6 +219,13 @@ pub struct OpenSession {
     pub flags: u32,
     /// With [`session_flags::SYNTHETIC_SOURCE`]: how many bytes to generate.
     pub synthetic_bytes: u64,
+    /// The transfer this session continues: the same command run again names the same
+    /// transfer, so the receiver finds what an interrupted run left.
+    pub transfer_id: [u8; 16],
+    /// Push: where the sources land (pinned to an earlier run's choice when there was one).
+    pub placement: Placement,
+    /// Which files the receiver may skip.
+    pub compare: Compare,
 }
 
 /// The server's answer: the parameters both sides now use, each no larger than what the
@@ -199,6 +238,11 @@ pub struct SessionAccepted {
     pub depth: u16,
     pub window: u32,
     pub flags: u32,
+    /// Most data channels the session may have at once, counting those that join later.
+    pub max_streams: u16,
+    /// Push: where the sources land, as the server resolved it ([`Placement::Into`] or
+    /// [`Placement::Onto`]); pull: [`Placement::Resolve`].
+    pub placement: Placement,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,27 +300,61 @@ impl ErrorMsg {
     }
 }
 
-/// One registered receive slot the sender may write a block into (fabric transport).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlotGrant {
-    pub slot: u32,
-    pub len: u32,
-    pub addr: u64,
-    pub key: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Credit {
-    pub channel: u16,
-    pub grants: Vec<SlotGrant>,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChannelJoin {
     pub session_id: [u8; 16],
     pub index: u16,
-    /// Proves knowledge of the shared secret and of this session's handshake.
+    /// Proves knowledge of the session's key, bound to the nonce the server sent on this
+    /// very connection, so a captured join is worthless on any other connection.
     pub proof: [u8; 32],
+}
+
+/// A stretch of a file the receiver already holds, verified, with the digest that
+/// verified it (the XXH3-128 of its bytes, as the segment that carried it had).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldRange {
+    pub offset: u64,
+    pub len: u32,
+    pub digest: [u8; 16],
+}
+
+/// What the receiver already holds of a file: from an interrupted run of the same transfer,
+/// or (comparing by checksum) in the file it would replace. The sender checks each range
+/// against its source and answers with a [`Confirm`]; it sends only what was not
+/// confirmed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub id: u64,
+    pub ranges: Vec<HeldRange>,
+    /// No more `Held` frames for this file follow.
+    pub last: bool,
+}
+
+/// The sender's verdict on a file's held ranges, in the order they were held: bit `i` of
+/// `accepted` is set if range `i` matched the source. Ranges not accepted will be sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confirm {
+    pub id: u64,
+    pub count: u32,
+    pub accepted: Vec<u8>,
+}
+
+impl Confirm {
+    pub fn new(id: u64, verdicts: &[bool]) -> Confirm {
+        let mut accepted = vec![0u8; verdicts.len().div_ceil(8)];
+        for (i, _) in verdicts.iter().enumerate().filter(|(_, ok)| **ok) {
+            accepted[i / 8] |= 1 << (i % 8);
+        }
+        Confirm {
+            id,
+            count: verdicts.len() as u32,
+            accepted,
+        }
+    }
+
+    pub fn is_accepted(&self, index: usize) -> bool {
+        index < self.count as usize && self.accepted[index / 8] & (1 << (index % 8)) != 0
+    }
 }
 
 /// Where a fabric (libfabric) session's data channels connect, and what the server's
@@ -339,7 +417,6 @@ pub enum Message {
         ids: Vec<u64>,
     },
     FileFailed(FileFailed),
-    Credit(Credit),
     ChannelJoin(ChannelJoin),
     /// The client has everything it needs; the server answers with its [`Stats`].
     Finish,
@@ -349,6 +426,33 @@ pub enum Message {
         index: u16,
     },
     FabricEndpoint(FabricEndpoint),
+    /// These files were already in place and were not sent.
+    UpToDate {
+        ids: Vec<u64>,
+    },
+    Held(Held),
+    Confirm(Confirm),
+    /// The receiver has taken in `received` whole blocks from data channel `index` since
+    /// it joined; `closed` once the channel is gone and the count is final, so that the
+    /// sender sends again exactly what the channel did not deliver.
+    ChannelStatus {
+        index: u16,
+        received: u64,
+        closed: bool,
+    },
+    /// The sender considers data channel `index` dead (it stalled or failed): the
+    /// receiver closes it and answers with its final [`Message::ChannelStatus`].
+    DropChannel {
+        index: u16,
+    },
+    /// Entries the sender did not send because they are neither file, directory nor
+    /// symlink (devices, sockets, FIFOs), so that the receiving user learns of them.
+    Skipped {
+        paths: Vec<Vec<u8>>,
+    },
+    /// Nothing else to say, but still here: a session silent for its stall timeout is
+    /// dead.
+    Keepalive,
 }
 
 impl Message {
@@ -365,12 +469,19 @@ impl Message {
             Message::ManifestAck { .. } => 9,
             Message::FileAck { .. } => 10,
             Message::FileFailed(_) => 11,
-            Message::Credit(_) => 12,
+            // 12: Credit (slot grants on the control connection), never used; retired.
             Message::ChannelJoin(_) => 13,
             Message::Finish => 14,
             Message::Stats(_) => 15,
             Message::ChannelAccepted { .. } => 16,
             Message::FabricEndpoint(_) => 17,
+            Message::UpToDate { .. } => 18,
+            Message::Held(_) => 19,
+            Message::Confirm(_) => 20,
+            Message::ChannelStatus { .. } => 21,
+            Message::DropChannel { .. } => 22,
+            Message::Skipped { .. } => 23,
+            Message::Keepalive => 24,
         }
     }
 
@@ -396,6 +507,8 @@ impl Message {
                 e.u16(a.depth);
                 e.u32(a.window);
                 e.u32(a.flags);
+                e.u16(a.max_streams);
+                e.u8(encode_placement(a.placement));
             }
             Message::Manifest(m) => {
                 e.u64(m.first_id);
@@ -409,7 +522,7 @@ impl Message {
                 e.u64(m.bytes);
             }
             Message::ManifestAck { through } => e.u64(*through),
-            Message::FileAck { ids } => {
+            Message::FileAck { ids } | Message::UpToDate { ids } => {
                 e.u32(ids.len() as u32);
                 ids.iter().for_each(|id| e.u64(*id));
             }
@@ -418,16 +531,6 @@ impl Message {
                 e.u8(encode_class(f.class));
                 e.u64(f.offset);
                 e.bytes(&f.message);
-            }
-            Message::Credit(c) => {
-                e.u16(c.channel);
-                e.u32(c.grants.len() as u32);
-                for g in &c.grants {
-                    e.u32(g.slot);
-                    e.u32(g.len);
-                    e.u64(g.addr);
-                    e.u64(g.key);
-                }
             }
             Message::ChannelJoin(j) => {
                 e.raw(&j.session_id);
@@ -451,6 +554,36 @@ impl Message {
                 e.bytes(&f.fabric);
                 e.bytes(&f.domain);
             }
+            Message::Held(h) => {
+                e.u64(h.id);
+                e.u8(u8::from(h.last));
+                e.u32(h.ranges.len() as u32);
+                for r in &h.ranges {
+                    e.u64(r.offset);
+                    e.u32(r.len);
+                    e.raw(&r.digest);
+                }
+            }
+            Message::Confirm(c) => {
+                e.u64(c.id);
+                e.u32(c.count);
+                e.raw(&c.accepted);
+            }
+            Message::ChannelStatus {
+                index,
+                received,
+                closed,
+            } => {
+                e.u16(*index);
+                e.u64(*received);
+                e.u8(u8::from(*closed));
+            }
+            Message::DropChannel { index } => e.u16(*index),
+            Message::Skipped { paths } => {
+                e.u32(paths.len() as u32);
+                paths.iter().for_each(|p| e.bytes(p));
+            }
+            Message::Keepalive => {}
         }
     }
 
@@ -478,6 +611,8 @@ impl Message {
                 depth: d.u16()?,
                 window: d.u32()?,
                 flags: d.u32()?,
+                max_streams: d.u16()?,
+                placement: decode_placement(d.u8()?)?,
             }),
             7 => {
                 let first_id = d.u64()?;
@@ -504,21 +639,7 @@ impl Message {
                 offset: d.u64()?,
                 message: d.bytes("error message", MAX_MESSAGE_BYTES)?.to_vec(),
             }),
-            12 => {
-                let channel = d.u16()?;
-                let n = d.count("credit grants", MAX_CREDIT_GRANTS, 24)?;
-                let grants = (0..n)
-                    .map(|_| {
-                        Ok(SlotGrant {
-                            slot: d.u32()?,
-                            len: d.u32()?,
-                            addr: d.u64()?,
-                            key: d.u64()?,
-                        })
-                    })
-                    .collect::<Result<_, DecodeError>>()?;
-                Message::Credit(Credit { channel, grants })
-            }
+            // 12: Credit, retired unused (see `Message::kind`).
             13 => Message::ChannelJoin(ChannelJoin {
                 session_id: d.array()?,
                 index: d.u16()?,
@@ -541,6 +662,66 @@ impl Message {
                 fabric: d.bytes("fabric", MAX_FABRIC_NAME_BYTES)?.to_vec(),
                 domain: d.bytes("domain", MAX_FABRIC_NAME_BYTES)?.to_vec(),
             }),
+            18 => {
+                let n = d.count("up-to-date ids", MAX_ACK_IDS, 8)?;
+                let ids = (0..n).map(|_| d.u64()).collect::<Result<_, _>>()?;
+                Message::UpToDate { ids }
+            }
+            19 => {
+                let id = d.u64()?;
+                let last = decode_bool(d.u8()?)?;
+                let n = d.count("held ranges", MAX_HELD_RANGES, 28)?;
+                let ranges = (0..n)
+                    .map(|_| {
+                        let r = HeldRange {
+                            offset: d.u64()?,
+                            len: d.u32()?,
+                            digest: d.array()?,
+                        };
+                        if r.len == 0 || r.offset.checked_add(r.len.into()).is_none() {
+                            return Err(DecodeError::Invalid("held range empty or overflowing"));
+                        }
+                        Ok(r)
+                    })
+                    .collect::<Result<_, DecodeError>>()?;
+                Message::Held(Held { id, ranges, last })
+            }
+            20 => {
+                let id = d.u64()?;
+                let count = d.u32()?;
+                if count as usize > MAX_HELD_RANGES_PER_FILE {
+                    return Err(DecodeError::TooLong {
+                        what: "confirmed ranges",
+                        len: count as usize,
+                        max: MAX_HELD_RANGES_PER_FILE,
+                    });
+                }
+                let bytes = (count as usize).div_ceil(8);
+                let accepted = d.take_bytes(bytes)?.to_vec();
+                // Bits past `count` must be zero: one encoding per verdict.
+                if count % 8 != 0 && accepted[bytes - 1] >> (count % 8) != 0 {
+                    return Err(DecodeError::Invalid("confirm bits past the count"));
+                }
+                Message::Confirm(Confirm {
+                    id,
+                    count,
+                    accepted,
+                })
+            }
+            21 => Message::ChannelStatus {
+                index: d.u16()?,
+                received: d.u64()?,
+                closed: decode_bool(d.u8()?)?,
+            },
+            22 => Message::DropChannel { index: d.u16()? },
+            23 => {
+                let n = d.count("skipped paths", MAX_SKIPPED_PATHS, 4)?;
+                let paths = (0..n)
+                    .map(|_| Ok(d.bytes("skipped path", MAX_PATH_BYTES)?.to_vec()))
+                    .collect::<Result<_, DecodeError>>()?;
+                Message::Skipped { paths }
+            }
+            24 => Message::Keepalive,
             other => {
                 return Err(DecodeError::Unknown {
                     what: "message type",
@@ -574,6 +755,43 @@ fn encode_open(o: &OpenSession, e: &mut Encoder) {
     e.u32(o.window);
     e.u32(o.flags);
     e.u64(o.synthetic_bytes);
+    e.raw(&o.transfer_id);
+    e.u8(encode_placement(o.placement));
+    e.u8(match o.compare {
+        Compare::Always => 0,
+        Compare::QuickCheck => 1,
+        Compare::Checksum => 2,
+    });
+}
+
+fn encode_placement(p: Placement) -> u8 {
+    match p {
+        Placement::Resolve => 0,
+        Placement::Into => 1,
+        Placement::Onto => 2,
+    }
+}
+
+fn decode_placement(v: u8) -> Result<Placement, DecodeError> {
+    Ok(match v {
+        0 => Placement::Resolve,
+        1 => Placement::Into,
+        2 => Placement::Onto,
+        other => {
+            return Err(DecodeError::Unknown {
+                what: "placement",
+                value: other.into(),
+            })
+        }
+    })
+}
+
+fn decode_bool(v: u8) -> Result<bool, DecodeError> {
+    match v {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(DecodeError::Invalid("a flag byte is neither 0 nor 1")),
+    }
 }
 
 fn decode_open(d: &mut Decoder) -> Result<OpenSession, DecodeError> {
@@ -612,6 +830,19 @@ fn decode_open(d: &mut Decoder) -> Result<OpenSession, DecodeError> {
         window: d.u32()?,
         flags: d.u32()?,
         synthetic_bytes: d.u64()?,
+        transfer_id: d.array()?,
+        placement: decode_placement(d.u8()?)?,
+        compare: match d.u8()? {
+            0 => Compare::Always,
+            1 => Compare::QuickCheck,
+            2 => Compare::Checksum,
+            other => {
+                return Err(DecodeError::Unknown {
+                    what: "comparison",
+                    value: other.into(),
+                })
+            }
+        },
     };
     if open.flags & !session_flags::ALL != 0 {
         return Err(DecodeError::Unknown {

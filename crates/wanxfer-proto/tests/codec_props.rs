@@ -52,6 +52,8 @@ fn entry() -> impl Strategy<Value = Entry> {
         })
 }
 
+const PLACEMENTS: [Placement; 3] = [Placement::Resolve, Placement::Into, Placement::Onto];
+
 fn message() -> impl Strategy<Value = Message> {
     prop_oneof![
         (
@@ -80,7 +82,8 @@ fn message() -> impl Strategy<Value = Message> {
             any::<u16>(),
             any::<u32>(),
             0u32..16,
-            any::<u64>()
+            any::<u64>(),
+            (any::<[u8; 16]>(), 0u8..3, 0u8..3),
         )
             .prop_map(
                 |(
@@ -93,6 +96,7 @@ fn message() -> impl Strategy<Value = Message> {
                     window,
                     flags,
                     synthetic_bytes,
+                    (transfer_id, placement, compare),
                 )| {
                     Message::OpenSession(OpenSession {
                         direction: if push {
@@ -109,6 +113,10 @@ fn message() -> impl Strategy<Value = Message> {
                         window,
                         flags,
                         synthetic_bytes,
+                        transfer_id,
+                        placement: PLACEMENTS[placement as usize],
+                        compare: [Compare::Always, Compare::QuickCheck, Compare::Checksum]
+                            [compare as usize],
                     })
                 }
             ),
@@ -118,18 +126,23 @@ fn message() -> impl Strategy<Value = Message> {
             any::<u32>(),
             any::<u16>(),
             any::<u32>(),
-            any::<u32>()
+            any::<u32>(),
+            (any::<u16>(), 0u8..3),
         )
-            .prop_map(|(session_id, streams, block_size, depth, window, flags)| {
-                Message::SessionAccepted(SessionAccepted {
-                    session_id,
-                    streams,
-                    block_size,
-                    depth,
-                    window,
-                    flags,
-                })
-            }),
+            .prop_map(
+                |(session_id, streams, block_size, depth, window, flags, (max, placement))| {
+                    Message::SessionAccepted(SessionAccepted {
+                        session_id,
+                        streams,
+                        block_size,
+                        depth,
+                        window,
+                        flags,
+                        max_streams: max,
+                        placement: PLACEMENTS[placement as usize],
+                    })
+                }
+            ),
         (any::<u64>(), prop::collection::vec(entry(), 0..8))
             .prop_map(|(first_id, entries)| Message::Manifest(Manifest { first_id, entries })),
         (any::<u64>(), any::<u64>())
@@ -150,25 +163,37 @@ fn message() -> impl Strategy<Value = Message> {
                     message
                 })
             ),
+        prop::collection::vec(any::<u64>(), 0..50).prop_map(|ids| Message::UpToDate { ids }),
         (
-            any::<u16>(),
-            prop::collection::vec(
-                (any::<u32>(), any::<u32>(), any::<u64>(), any::<u64>()),
-                0..10
-            )
+            any::<u64>(),
+            any::<bool>(),
+            prop::collection::vec((0u64..u64::MAX / 2, 1u32.., any::<[u8; 16]>()), 0..10)
         )
-            .prop_map(|(channel, g)| Message::Credit(Credit {
-                channel,
-                grants: g
+            .prop_map(|(id, last, r)| Message::Held(Held {
+                id,
+                last,
+                ranges: r
                     .into_iter()
-                    .map(|(slot, len, addr, key)| SlotGrant {
-                        slot,
+                    .map(|(offset, len, digest)| HeldRange {
+                        offset,
                         len,
-                        addr,
-                        key
+                        digest
                     })
                     .collect()
             })),
+        (any::<u64>(), prop::collection::vec(any::<bool>(), 0..40))
+            .prop_map(|(id, verdicts)| Message::Confirm(Confirm::new(id, &verdicts))),
+        (any::<u16>(), any::<u64>(), any::<bool>()).prop_map(|(index, received, closed)| {
+            Message::ChannelStatus {
+                index,
+                received,
+                closed,
+            }
+        }),
+        any::<u16>().prop_map(|index| Message::DropChannel { index }),
+        prop::collection::vec(prop::collection::vec(any::<u8>(), 0..30), 0..5)
+            .prop_map(|paths| Message::Skipped { paths }),
+        Just(Message::Keepalive),
         (any::<[u8; 16]>(), any::<u16>(), any::<[u8; 32]>()).prop_map(
             |(session_id, index, proof)| Message::ChannelJoin(ChannelJoin {
                 session_id,
@@ -316,5 +341,25 @@ proptest! {
         damaged[flip.index(payload.len())] ^= 0x10;
         prop_assert!(!in_pieces(&damaged));
         prop_assert!(h.check_payload(&damaged).is_err());
+    }
+}
+
+proptest! {
+    /// A verdict survives its bitmap, and the bits past the count are refused on decode so
+    /// that one verdict has one encoding.
+    #[test]
+    fn confirm_bitmaps_hold_their_verdicts(id in any::<u64>(), verdicts in prop::collection::vec(any::<bool>(), 1..100)) {
+        let c = Confirm::new(id, &verdicts);
+        for (i, v) in verdicts.iter().enumerate() {
+            prop_assert_eq!(c.is_accepted(i), *v);
+        }
+        prop_assert!(!c.is_accepted(verdicts.len()));
+        if verdicts.len() % 8 != 0 {
+            let mut bad = c.clone();
+            *bad.accepted.last_mut().unwrap() |= 0x80;
+            let mut buf = Vec::new();
+            encode_frame(&Message::Confirm(bad), &mut buf);
+            prop_assert!(decode_frame(&buf).is_err());
+        }
     }
 }

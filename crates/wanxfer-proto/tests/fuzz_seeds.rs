@@ -30,6 +30,9 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                 window: 1024,
                 flags: 0,
                 synthetic_bytes: 0,
+                transfer_id: [4; 16],
+                placement: Placement::Resolve,
+                compare: Compare::QuickCheck,
             }),
         ),
         (
@@ -69,16 +72,28 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ),
         ("ack", Message::FileAck { ids: vec![1, 2, 3] }),
         (
-            "credit",
-            Message::Credit(Credit {
-                channel: 1,
-                grants: vec![SlotGrant {
-                    slot: 0,
-                    len: 4096,
-                    addr: 0,
-                    key: 9,
+            "held",
+            Message::Held(Held {
+                id: 3,
+                last: true,
+                ranges: vec![HeldRange {
+                    offset: 4 << 20,
+                    len: 4 << 20,
+                    digest: [7; 16],
                 }],
             }),
+        ),
+        (
+            "confirm",
+            Message::Confirm(Confirm::new(3, &[true, false, true])),
+        ),
+        (
+            "channel-status",
+            Message::ChannelStatus {
+                index: 1,
+                received: 99,
+                closed: true,
+            },
         ),
         (
             "failed",

@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use wanxfer_engine::fs::WriteMode;
-use wanxfer_engine::session::{ClientConfig, ClientJob, PullDest, ServerLimits, Transport, Tuning};
+use wanxfer_engine::session::{
+    ClientConfig, ClientJob, PullDest, RetryPolicy, ServerLimits, Transport, Tuning,
+};
 use wanxfer_engine::source::{IoMode, Source};
 use wanxfer_engine::Error;
-use wanxfer_proto::RelPath;
+use wanxfer_proto::{Compare, RelPath};
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -91,6 +93,27 @@ pub struct ServeArgs {
     /// Seconds a silent client (cut link, crashed host) is waited for.
     #[arg(long, default_value_t = 120)]
     pub stall_timeout: u64,
+    /// Where journals of interrupted transfers are kept (default: beside a client's
+    /// state, one directory per served root).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// How long the partial files of an abandoned transfer are kept for it to resume;
+    /// after that they are removed (and the removal logged).
+    #[arg(long, default_value = "1d", value_parser = parse_duration)]
+    pub keep_partial: Duration,
+    /// Acknowledge pushed files before they reach the disk: for scratch space only, where
+    /// losing recent files in a crash does not matter.
+    #[arg(long)]
+    pub no_fsync: bool,
+    /// Time a connection has for its whole handshake, however slowly it sends.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
+    /// Connections not yet authenticated, in all (beyond it the oldest is dropped).
+    #[arg(long, default_value_t = 256)]
+    pub max_pending: usize,
+    /// Connections not yet authenticated from one address.
+    #[arg(long, default_value_t = 16)]
+    pub max_pending_per_address: usize,
 }
 
 /// Which data channels to use (cp, bench) or offer (serve).
@@ -134,13 +157,23 @@ impl ServeArgs {
             max_sessions: self.max_sessions.max(1),
             max_streams: self.max_streams.max(1),
             max_block_size: self.max_block_size,
-            max_pool_bytes: usize::try_from(self.max_session_memory).unwrap_or(usize::MAX),
+            max_session_memory: self.max_session_memory,
             readers: self.readers.max(1),
             writers: self.writers.max(1),
             io: self.io.mode(),
             write: self.write.mode(),
             fabric_provider: self.transport.offered_provider(),
             stall_timeout: Duration::from_secs(self.stall_timeout.max(2)),
+            state_dir: Some(
+                self.state_dir
+                    .clone()
+                    .unwrap_or_else(|| ServerLimits::default_state_dir(&self.root)),
+            ),
+            keep_partial: self.keep_partial,
+            durable: !self.no_fsync,
+            handshake_timeout: self.handshake_timeout.max(Duration::from_millis(100)),
+            max_pending: self.max_pending.max(1),
+            max_pending_per_address: self.max_pending_per_address.max(1),
             ..ServerLimits::default()
         }
     }
@@ -203,6 +236,28 @@ pub struct CpArgs {
     /// with a network error.
     #[arg(long, default_value_t = 120)]
     pub stall_timeout: u64,
+    /// Retries after a network failure or a busy server, each resuming where the last
+    /// attempt stopped.
+    #[arg(long, default_value_t = 5)]
+    pub retries: u32,
+    /// No retry starts later than this after the first attempt.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub retry_for: Duration,
+    /// Send files even when the destination has them with the same size and modification
+    /// time (by default those are skipped, as rsync's quick check does).
+    #[arg(long, conflicts_with = "checksum")]
+    pub ignore_times: bool,
+    /// Compare files of the same size by content digests computed on both sides, and send
+    /// only the parts that differ.
+    #[arg(long)]
+    pub checksum: bool,
+    /// Pulls: acknowledge files before they reach the disk (scratch space only).
+    #[arg(long)]
+    pub no_fsync: bool,
+    /// Where journals of interrupted pulls and the places of earlier transfers are kept
+    /// (default: $WANXFER_STATE_DIR, $XDG_STATE_HOME/wanxfer or ~/.local/state/wanxfer).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// How file bytes are sent.
@@ -289,6 +344,14 @@ impl CpArgs {
             write: self.write.mode(),
             transport: self.transport.transport(),
             stall_timeout: Duration::from_secs(self.stall_timeout.max(2)),
+            compare: if self.checksum {
+                Compare::Checksum
+            } else if self.ignore_times {
+                Compare::Always
+            } else {
+                Compare::QuickCheck
+            },
+            durable: !self.no_fsync,
             ..Tuning::default()
         }
     }
@@ -303,22 +366,24 @@ impl CpArgs {
             .iter()
             .map(|p| parse_location(p))
             .collect::<Result<Vec<_>, _>>()?;
+        let into = ends_with_slash(self.paths.last().expect("clap requires two paths"));
         let (server, job) = match dst {
-            Location::Remote { server, path } => (server, self.push_job(&srcs, path)?),
-            Location::Local(dst) => self.pull_job(&srcs, dst)?,
+            Location::Remote { server, path } => (server, self.push_job(&srcs, path, into)?),
+            Location::Local(dst) => self.pull_job(&srcs, dst, into)?,
         };
-        Ok(Request {
-            config: ClientConfig {
-                server,
-                secret,
-                tuning: self.tuning(),
-                connect_timeout: Duration::from_secs(self.connect_timeout.max(1)),
-            },
-            job,
-        })
+        let mut config = ClientConfig::new(server, secret, self.tuning());
+        config.connect_timeout = Duration::from_secs(self.connect_timeout.max(1));
+        config.retry = RetryPolicy {
+            retries: self.retries,
+            retry_for: self.retry_for,
+        };
+        if let Some(dir) = &self.state_dir {
+            config.state_dir = dir.clone();
+        }
+        Ok(Request { config, job })
     }
 
-    fn push_job(&self, srcs: &[Location], dest: RelPath) -> Result<ClientJob, Error> {
+    fn push_job(&self, srcs: &[Location], dest: RelPath, into: bool) -> Result<ClientJob, Error> {
         let locals = srcs
             .iter()
             .map(|s| match s {
@@ -346,10 +411,15 @@ impl CpArgs {
             }
             (None, _) => Source::local(&locals)?,
         };
-        Ok(ClientJob::Push { source, dest })
+        Ok(ClientJob::Push { source, dest, into })
     }
 
-    fn pull_job(&self, srcs: &[Location], dst: PathBuf) -> Result<(String, ClientJob), Error> {
+    fn pull_job(
+        &self,
+        srcs: &[Location],
+        dst: PathBuf,
+        into: bool,
+    ) -> Result<(String, ClientJob), Error> {
         let mut server = None;
         let mut sources = Vec::new();
         for src in srcs {
@@ -381,7 +451,7 @@ impl CpArgs {
         let dest = if dst == std::path::Path::new("/dev/null") {
             PullDest::Discard
         } else {
-            PullDest::Local(dst)
+            PullDest::Local { path: dst, into }
         };
         Ok((
             server,
@@ -420,6 +490,38 @@ fn parse_location(arg: &std::path::Path) -> Result<Location, Error> {
         server: server.to_string(),
         path,
     })
+}
+
+/// Whether a destination was written with a trailing slash: "into this directory",
+/// created if it is missing, as rsync users expect.
+fn ends_with_slash(arg: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    arg.as_os_str().as_bytes().ends_with(b"/")
+}
+
+/// Parses durations like `30s`, `10m`, `2h`, `1d` (a bare number is seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (try 30s, 10m, 2h, 1d)"))?;
+    let seconds = match unit.trim() {
+        "" | "s" => 1.0,
+        "ms" => 1e-3,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        "d" => 86400.0,
+        other => {
+            return Err(format!(
+                "unknown duration unit {other:?} (use ms, s, m, h or d)"
+            ))
+        }
+    };
+    Duration::try_from_secs_f64(value * seconds).map_err(|_| format!("{s:?} is out of range"))
 }
 
 /// Parses sizes like `4096`, `64K`, `4MiB`, `1.5GB`: one-letter and `iB` suffixes are
@@ -503,6 +605,16 @@ mod tests {
             parse_location(std::path::Path::new("./local")).unwrap(),
             Location::Local(PathBuf::from("./local"))
         );
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86400)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
+        assert!(parse_duration("3 fortnights").is_err());
     }
 
     #[test]

@@ -10,7 +10,6 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Args;
 use plotters::prelude::*;
@@ -283,17 +282,15 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
 
 fn measure(addr: &str, secret: &[u8], bytes: u64, tuning: Tuning) -> Result<Point, Error> {
     let checked = tuning.file_digest;
-    let cfg = ClientConfig {
-        server: addr.to_string(),
-        secret: secret.to_vec(),
-        tuning,
-        connect_timeout: Duration::from_secs(10),
-    };
+    let mut cfg = ClientConfig::new(addr.to_string(), secret.to_vec(), tuning);
+    // A measurement: a failed point is reported as such, not retried.
+    cfg.retry.retries = 0;
     let job = ClientJob::Push {
         source: Source::Synthetic { bytes },
         dest: RelPath::new(b"dev/null").expect("valid path"),
+        into: false,
     };
-    let r = run_client(&cfg, job, Arc::new(Progress::default()))?;
+    let r = run_client(&cfg, job, Arc::new(Progress::default())).map_err(|f| f.error)?;
     let secs = r.seconds.max(1e-9);
     let gb = r.bytes as f64 / 1e9;
     let (send, recv) = (r.cpu.seconds(), r.peer_cpu.seconds());

@@ -53,6 +53,8 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::from(exit::OK),
+        // Interrupted by a signal: the shell's convention, and the message was printed.
+        Err(Error::Cancelled) => ExitCode::from(130),
         Err(e) => {
             eprintln!("wanxfer: {}", output::cause_chain(&e));
             ExitCode::from(exit_code(&e))
@@ -73,19 +75,38 @@ fn init_logging(cli: &Cli) {
         .init();
 }
 
+/// A token set by SIGINT or SIGTERM.
+fn on_signal() -> Cancel {
+    let cancel = Cancel::default();
+    let set = cancel.clone();
+    // Only fails if a handler is already installed, which this program never does twice.
+    let _ = ctrlc::set_handler(move || set.cancel());
+    cancel
+}
+
 fn serve(args: ServeArgs) -> Result<(), Error> {
     let secret = secret::for_server(args.secret_file.as_deref())?;
-    let server = Server::bind(&args.listen, &args.root, secret, args.limits())?;
+    let limits = args.limits();
+    let server = Server::bind(&args.listen, &args.root, secret, limits.clone())?;
     let addr = server.local_addr()?;
     // Tests and scripts read this line to learn the port when listening on port 0.
     println!("wanxfer serving {} on {addr}", args.root.display());
-    tracing::info!("serving {} on {addr}", args.root.display());
-    server.serve(&Cancel::default())
+    tracing::info!(
+        "serving {} on {addr}; state in {}",
+        args.root.display(),
+        limits
+            .state_dir
+            .as_deref()
+            .map_or("(none)".into(), |d| d.display().to_string())
+    );
+    // SIGTERM (systemd stopping the service) or Ctrl-C: drain, then exit 0.
+    server.serve(&on_signal())
 }
 
 fn cp(args: CpArgs) -> Result<(), Error> {
     let secret = secret::for_client(args.secret_file.as_deref())?;
-    let request = args.request(secret)?;
+    let mut request = args.request(secret)?;
+    request.config.cancel = on_signal();
     let progress = Arc::new(Progress::default());
     let bar = output::ProgressView::start(progress.clone(), args.show_progress());
     let result = run_client(&request.config, request.job, progress);
@@ -95,9 +116,17 @@ fn cp(args: CpArgs) -> Result<(), Error> {
             output::print_report(&report, &request.config.tuning, args.json);
             Ok(())
         }
-        Err(e) => {
+        Err(failed) => {
+            let e = failed.error;
             if args.json {
-                output::print_error_json(&e, exit_code(&e));
+                output::print_error_json(&e, exit_code(&e), &failed.report);
+            }
+            if request.config.cancel.is_cancelled() {
+                eprintln!(
+                    "wanxfer: interrupted; what arrived is kept. Run the same command again to resume:\n  {}",
+                    output::command_line()
+                );
+                return Err(Error::Cancelled);
             }
             Err(e)
         }

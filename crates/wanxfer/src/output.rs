@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use wanxfer_engine::progress::{IoUse, Progress};
 use wanxfer_engine::session::{Report, Tuning};
-use wanxfer_engine::Error;
+use wanxfer_engine::{Error, ErrorClass};
 
 /// A progress bar redrawn from the engine's counters, or nothing when not on a terminal.
 pub struct ProgressView {
@@ -56,9 +56,21 @@ fn draw(progress: &Progress, stop: &AtomicBool) {
 
 #[derive(Serialize)]
 struct JsonReport<'a> {
+    /// Payload bytes moved over the network (all attempts).
     bytes: u64,
+    /// Bytes not sent because the destination had them (up to date, or resumed).
+    bytes_skipped: u64,
     files: u64,
+    /// Of `files`, already in place: not sent.
+    files_up_to_date: u64,
     failed_files: u64,
+    /// Sessions it took: more than 1 after retries (each resumed the last).
+    attempts: u32,
+    /// Data channels that died mid-transfer (their blocks were sent again on others).
+    channels_lost: u64,
+    /// Round trips from connecting to the session being agreed.
+    setup_round_trips: u32,
+    failed: Vec<FailedJson>,
     seconds: f64,
     gbit_per_s: f64,
     files_per_s: f64,
@@ -116,8 +128,14 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool) {
     if json {
         let out = JsonReport {
             bytes: report.bytes,
+            bytes_skipped: report.bytes_skipped,
             files: report.files,
+            files_up_to_date: report.files_up_to_date,
             failed_files: report.failed_files,
+            attempts: report.attempts,
+            channels_lost: report.channels_lost,
+            setup_round_trips: report.setup_round_trips,
+            failed: failed_json(report),
             seconds: report.seconds,
             gbit_per_s: gbit,
             files_per_s,
@@ -165,6 +183,16 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool) {
     } else {
         "NOT verified"
     };
+    if report.files_up_to_date > 0 || report.bytes_skipped > 0 {
+        eprintln!(
+            "wanxfer: {} file(s) already in place, {} not sent again",
+            report.files_up_to_date,
+            human_bytes(report.bytes_skipped)
+        );
+    }
+    if report.attempts > 1 {
+        eprintln!("wanxfer: completed after {} attempts", report.attempts);
+    }
     println!(
         "{} in {} files ({verified}) in {:.2} s: {:.2} Gbit/s, {:.0} files/s; CPU here {:.2}s user {:.2}s sys, server {:.2}s user {:.2}s sys",
         human_bytes(report.bytes),
@@ -179,9 +207,72 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool) {
     );
 }
 
-pub fn print_error_json(e: &Error, code: u8) {
-    let out = serde_json::json!({ "error": cause_chain(e), "exit_code": code });
+/// One file that failed, for `--json`.
+#[derive(Serialize)]
+struct FailedJson {
+    class: &'static str,
+    message: String,
+}
+
+fn failed_json(report: &Report) -> Vec<FailedJson> {
+    report
+        .failures
+        .iter()
+        .map(|f| FailedJson {
+            class: class_name(f.class),
+            message: f.message.clone(),
+        })
+        .collect()
+}
+
+fn class_name(class: ErrorClass) -> &'static str {
+    match class {
+        ErrorClass::Usage => "usage",
+        ErrorClass::Auth => "auth",
+        ErrorClass::Network => "network",
+        ErrorClass::Protocol => "protocol",
+        ErrorClass::Integrity => "integrity",
+        ErrorClass::LocalIo => "local_io",
+        ErrorClass::Remote => "remote",
+        ErrorClass::Internal => "internal",
+    }
+}
+
+/// A failed run's JSON: the error, its exit code, and what was done before it (bytes,
+/// files, and the files that failed).
+pub fn print_error_json(e: &Error, code: u8, report: &Report) {
+    let out = serde_json::json!({
+        "error": cause_chain(e),
+        "error_class": class_name(e.class()),
+        "exit_code": code,
+        "bytes": report.bytes,
+        "bytes_skipped": report.bytes_skipped,
+        "files": report.files,
+        "files_up_to_date": report.files_up_to_date,
+        "failed_files": report.failed_files,
+        "attempts": report.attempts,
+        "failed": failed_json(report),
+    });
     println!("{out}");
+}
+
+/// The command line this process was started with, quoted for a shell to run again.
+pub fn command_line() -> String {
+    std::env::args_os()
+        .map(|arg| {
+            let text = arg.to_string_lossy().into_owned();
+            let plain = !text.is_empty()
+                && text
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
+            if plain {
+                text
+            } else {
+                format!("'{}'", text.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 pub fn cause_chain(e: &Error) -> String {

@@ -261,8 +261,12 @@ fn fabric_is_refused_clearly_where_it_is_not_offered() {
         "/dev/zero",
         tcp_only.server.url("dev/null").to_str().unwrap(),
     ])
-    .assert_code(8)
-    .assert_stderr_mentions("--transport fabric");
+    // The server's greeting says it offers no fabric: a usage error, found before any
+    // session is asked for.
+    .assert_code(2)
+    .assert_stderr_mentions(
+        "does not offer the fabric transport (start it with --transport fabric)",
+    );
 
     let site = fabric_site();
     let run = cp([

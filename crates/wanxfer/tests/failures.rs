@@ -1,7 +1,8 @@
 //! Failures end to end: a peer that vanishes mid-transfer, a disk that fills up, and a
 //! file the server may not create. What must hold each time: a clear error with the right
 //! exit code, the old file (if any) untouched under its final name, no partial file under
-//! a final name, and a server that goes on serving.
+//! a final name, a server that goes on serving, and (where the failure interrupted a
+//! transfer) a run of the same command that resumes and leaves nothing behind.
 //!
 //! "Mid-transfer" is made exact without timing: the test waits for the receiver's
 //! temporary file to appear, freezes the side that must not finish (SIGSTOP), kills the
@@ -54,11 +55,15 @@ fn server_vanishing_mid_push_is_a_network_error_and_leaves_no_final_name() {
     fs::write(&dest, OLD).unwrap();
     let root = site.server.root.clone();
 
-    let client = cp_command([src.as_os_str(), &site.server.url("large.bin")])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let client = cp_command([
+        "--retries=0".as_ref(),
+        src.as_os_str(),
+        &site.server.url("large.bin"),
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
     wait_for(
         "the server's temporary file",
         Duration::from_secs(60),
@@ -78,7 +83,7 @@ fn server_vanishing_mid_push_is_a_network_error_and_leaves_no_final_name() {
 }
 
 #[test]
-fn server_vanishing_mid_pull_is_a_network_error_and_leaves_nothing_behind() {
+fn server_vanishing_mid_pull_is_a_network_error_and_the_rerun_resumes() {
     let mut site = Site::new();
     fs::File::create(site.server.root.join("large.bin"))
         .unwrap()
@@ -88,7 +93,8 @@ fn server_vanishing_mid_pull_is_a_network_error_and_leaves_nothing_behind() {
     fs::create_dir(&dest_dir).unwrap();
     fs::write(dest_dir.join("large.bin"), OLD).unwrap();
 
-    let client = cp_command([&site.server.url("large.bin"), dest_dir.as_os_str()])
+    let args = [&site.server.url("large.bin"), dest_dir.as_os_str()];
+    let client = cp_command([&["--retries=0".as_ref()][..], &args[..]].concat())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -105,14 +111,29 @@ fn server_vanishing_mid_pull_is_a_network_error_and_leaves_nothing_behind() {
 
     run.assert_code(4);
     assert_eq!(fs::read(dest_dir.join("large.bin")).unwrap(), OLD);
-    assert!(
-        temp_files(&dest_dir).is_empty(),
-        "the client removes its own temporary files on failure"
+    // The partial file is kept for the next run, which resumes it once the server is
+    // back, replaces the old version, and leaves nothing behind.
+    assert_eq!(temp_files(&dest_dir).len(), 1, "the partial file is kept");
+    site.server.restart();
+    let json = cp([&["--json".as_ref()][..], &args[..]].concat())
+        .assert_ok()
+        .json();
+    // What was held plus what was sent is the file: nothing twice, nothing missed.
+    let sent = json["bytes"].as_u64().unwrap();
+    assert_eq!(
+        sent + json["bytes_skipped"].as_u64().unwrap(),
+        LARGE,
+        "{json}"
     );
+    assert_eq!(
+        fs::metadata(dest_dir.join("large.bin")).unwrap().len(),
+        LARGE
+    );
+    assert!(temp_files(&dest_dir).is_empty());
 }
 
 #[test]
-fn client_vanishing_mid_push_leaves_the_server_clean_and_serving() {
+fn client_vanishing_mid_push_leaves_the_server_serving_and_the_rerun_resumes() {
     let mut site = Site::new();
     let src = site.large_source();
     let root = site.server.root.clone();
@@ -135,9 +156,9 @@ fn client_vanishing_mid_push_leaves_the_server_clean_and_serving() {
     signal(server_pid, "CONT");
 
     wait_for(
-        "the server to remove its temporary file",
+        "the server to end the session",
         Duration::from_secs(60),
-        || !any_temp_file(&root),
+        || site.server.log().contains("partial files kept"),
     );
     assert_still_old(&root.join("large.bin"));
     assert!(site.server.is_running());
@@ -145,10 +166,24 @@ fn client_vanishing_mid_push_leaves_the_server_clean_and_serving() {
     fs::write(&small, b"still serving").unwrap();
     cp([small.as_os_str(), &site.server.url("small")]).assert_ok();
     assert_eq!(fs::read(root.join("small")).unwrap(), b"still serving");
-    assert!(
-        site.server.log().contains("large.bin") || site.server.log().contains("session"),
-        "the server logs the failed session"
+    // The same command again resumes what the server kept, and leaves nothing behind.
+    assert_eq!(temp_files(&root).len(), 1, "the partial file is kept");
+    let json = cp([
+        "--json".as_ref(),
+        src.as_os_str(),
+        &site.server.url("large.bin"),
+    ])
+    .assert_ok()
+    .json();
+    // What was held plus what was sent is the file: nothing twice, nothing missed.
+    let sent = json["bytes"].as_u64().unwrap();
+    assert_eq!(
+        sent + json["bytes_skipped"].as_u64().unwrap(),
+        LARGE,
+        "{json}"
     );
+    assert_eq!(fs::metadata(root.join("large.bin")).unwrap().len(), LARGE);
+    assert!(temp_files(&root).is_empty());
 }
 
 #[test]

@@ -15,24 +15,50 @@ use std::time::Duration;
 use common::*;
 use wanxfer_proto::handshake::{Authenticated, ClientHandshake, Step};
 use wanxfer_proto::{
-    encode_frame, features, BlockHeader, ChannelJoin, ConnectionKind, Direction, Entry, EntryKind,
-    FailureClass, FileFailed, FrameHeader, Manifest, ManifestEnd, Message, OpenSession, Preamble,
-    RelPath, Segment, SessionAccepted, Stats, TransportKind,
+    encode_frame, features, BlockHeader, ChannelJoin, Compare, ConnectionKind, Direction, Entry,
+    EntryKind, FailureClass, FileFailed, FrameHeader, Hello, Manifest, ManifestEnd, Message,
+    OpenSession, Placement, Preamble, RelPath, Segment, SessionAccepted, Stats, TransportKind,
 };
 
 /// One connection to the server, driven by hand.
 struct RawPeer {
     stream: TcpStream,
+    /// The server's greeting on this connection.
+    greeting: Hello,
 }
 
 impl RawPeer {
-    fn connect(server: &Server, kind: ConnectionKind) -> RawPeer {
+    /// Connects and reads the server's greeting, which it sends before it reads a byte.
+    fn open(server: &Server) -> RawPeer {
         let mut stream = TcpStream::connect(&server.addr).expect("connect");
         stream
             .set_read_timeout(Some(Duration::from_secs(30)))
             .unwrap();
-        stream.write_all(&Preamble::new(kind).encode()).unwrap();
-        RawPeer { stream }
+        let mut preamble = [0u8; Preamble::LEN];
+        stream
+            .read_exact(&mut preamble)
+            .expect("the server greets first");
+        assert_eq!(
+            Preamble::decode(&preamble).unwrap().kind,
+            ConnectionKind::Server
+        );
+        let mut peer = RawPeer {
+            stream,
+            greeting: hello_placeholder(),
+        };
+        match peer.recv() {
+            Some(Message::Hello(h)) => peer.greeting = h,
+            other => panic!("expected the server's Hello, got {other:?}"),
+        }
+        peer
+    }
+
+    fn connect(server: &Server, kind: ConnectionKind) -> RawPeer {
+        let mut peer = RawPeer::open(server);
+        peer.stream
+            .write_all(&Preamble::new(kind).encode())
+            .unwrap();
+        peer
     }
 
     fn send(&mut self, msg: &Message) {
@@ -46,9 +72,19 @@ impl RawPeer {
         let _ = self.stream.write_all(bytes);
     }
 
-    /// The next message, or `None` once the server closed the connection. A server that
-    /// says nothing for 30 s fails the test: silence is not a refusal.
+    /// The next message that is not routine bookkeeping (a channel's count, a
+    /// keepalive), or `None` once the peer closed the connection. A peer that says
+    /// nothing for 30 s fails the test: silence is not a refusal.
     fn recv(&mut self) -> Option<Message> {
+        loop {
+            match self.recv_any()? {
+                Message::ChannelStatus { .. } | Message::Keepalive => continue,
+                msg => return Some(msg),
+            }
+        }
+    }
+
+    fn recv_any(&mut self) -> Option<Message> {
         let mut header = [0u8; FrameHeader::LEN];
         self.read_or_close(&mut header)?;
         let parsed = FrameHeader::decode(&header).expect("the server frames correctly");
@@ -87,18 +123,35 @@ impl RawPeer {
         let mut peer = RawPeer::connect(server, ConnectionKind::Control);
         let mut handshake = ClientHandshake::new(secret.as_bytes(), [7; 32], features::SUPPORTED);
         peer.send(&handshake.hello());
-        loop {
-            let msg = peer.recv().expect("the server answers the handshake");
-            match handshake.handle(msg).expect("handshake") {
-                Step::Send(reply) => peer.send(&reply),
-                Step::SendAndDone(reply, auth) => {
-                    peer.send(&reply);
-                    return (peer, auth);
-                }
-                Step::Done(auth) => return (peer, auth),
-            }
+        let Ok(Step::Send(proof)) = handshake.handle(Message::Hello(peer.greeting.clone())) else {
+            panic!("the greeting asks for a proof")
+        };
+        peer.send(&proof);
+        let msg = peer.recv().expect("the server answers the handshake");
+        match handshake.handle(msg).expect("handshake") {
+            Step::Done(auth) => (peer, auth),
+            other => panic!("unexpected {other:?}"),
         }
     }
+}
+
+fn hello_placeholder() -> Hello {
+    Hello {
+        version: 0,
+        features: 0,
+        nonce: [0; 32],
+        software: Vec::new(),
+    }
+}
+
+/// A transfer id no other test uses.
+fn fresh_transfer_id() -> [u8; 16] {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&n.to_le_bytes());
+    id[8..].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+    id
 }
 
 fn push_request(dest: &str) -> OpenSession {
@@ -113,6 +166,9 @@ fn push_request(dest: &str) -> OpenSession {
         window: 1024,
         flags: 0,
         synthetic_bytes: 0,
+        transfer_id: fresh_transfer_id(),
+        placement: Placement::Resolve,
+        compare: Compare::Always,
     }
 }
 
@@ -317,7 +373,7 @@ fn await_manifest_ack(control: &mut RawPeer, count: u64) {
     loop {
         match control.recv() {
             Some(Message::ManifestAck { through }) if through == count => return,
-            Some(Message::FileAck { .. }) => {}
+            Some(Message::FileAck { .. } | Message::UpToDate { .. }) => {}
             other => panic!("expected ManifestAck, got {other:?}"),
         }
     }
@@ -365,43 +421,87 @@ fn escaping_manifest_entries_are_refused_naming_the_entry() {
 fn forged_channel_proofs_are_refused() {
     let mut site = Site::new();
     let (control, auth, accepted) = open_push_session(&site, 0);
-    let proof = auth.channel_proof(&accepted.session_id, 0);
-    let mut wrong_proof = proof;
-    wrong_proof[0] ^= 1;
     let mut other_session = accepted.session_id;
     other_session[15] ^= 1;
-    for join in [
-        ChannelJoin {
-            session_id: accepted.session_id,
-            index: 0,
-            proof: wrong_proof,
+    let forge: [&dyn Fn(&RawPeer) -> ChannelJoin; 2] = [
+        &|data| {
+            let mut proof = auth.channel_proof(&accepted.session_id, 0, &data.greeting.nonce);
+            proof[0] ^= 1;
+            ChannelJoin {
+                session_id: accepted.session_id,
+                index: 0,
+                proof,
+            }
         },
-        ChannelJoin {
+        &|data| ChannelJoin {
             session_id: other_session,
             index: 0,
-            proof,
+            proof: auth.channel_proof(&other_session, 0, &data.greeting.nonce),
         },
-        ChannelJoin {
-            session_id: accepted.session_id,
-            index: 9,
-            proof: auth.channel_proof(&accepted.session_id, 9),
-        },
-    ] {
+    ];
+    for join in forge {
         let mut data = RawPeer::connect(&site.server, ConnectionKind::Data);
-        data.send(&Message::ChannelJoin(join));
+        data.send(&Message::ChannelJoin(join(&data)));
         data.expect_refusal(None);
     }
     drop(control);
     site.assert_unharmed();
 }
 
+/// The regression of issue 16 item 9: a join captured on the wire and replayed, ahead of
+/// the real one on another connection or after it, is refused, and the real client's
+/// channel is unaffected either way.
+#[test]
+fn a_replayed_channel_join_is_refused_and_harms_nothing() {
+    let mut site = Site::new();
+    let (mut control, auth, accepted) = open_push_session(&site, 0);
+    // The honest client's connection and the join it will send, captured.
+    let mut real = RawPeer::connect(&site.server, ConnectionKind::Data);
+    let captured = ChannelJoin {
+        session_id: accepted.session_id,
+        index: 0,
+        proof: auth.channel_proof(&accepted.session_id, 0, &real.greeting.nonce),
+    };
+    // Replayed ahead of the real one, on the attacker's own connection.
+    let mut ahead = RawPeer::connect(&site.server, ConnectionKind::Data);
+    ahead.send(&Message::ChannelJoin(captured));
+    ahead.expect_refusal(Some("bad channel proof"));
+    // The real join goes through.
+    real.send(&Message::ChannelJoin(captured));
+    match real.recv() {
+        Some(Message::ChannelAccepted { index: 0 }) => {}
+        other => panic!("the real join is accepted, got {other:?}"),
+    }
+    // Replayed after it.
+    let mut after = RawPeer::connect(&site.server, ConnectionKind::Data);
+    after.send(&Message::ChannelJoin(captured));
+    after.expect_refusal(Some("bad channel proof"));
+    // The session goes on over the real channel.
+    let payload = b"still fine";
+    announce(&mut control, vec![file_entry("f", payload.len() as u64)]);
+    real.send_raw(&block(
+        &accepted,
+        whole_file_segment(payload.len() as u32, digest_of(payload)),
+        payload,
+        false,
+    ));
+    match control.recv() {
+        Some(Message::FileAck { ids }) => assert_eq!(ids, [0]),
+        other => panic!("expected the file acknowledged, got {other:?}"),
+    }
+    drop((control, real));
+    assert_eq!(fs::read(site.server.root.join("f")).unwrap(), payload);
+    site.assert_unharmed();
+}
+
 /// Joins data channel 0 of `accepted`'s session.
 fn join_channel(site: &Site, auth: &Authenticated, accepted: &SessionAccepted) -> RawPeer {
     let mut data = RawPeer::connect(&site.server, ConnectionKind::Data);
+    let proof = auth.channel_proof(&accepted.session_id, 0, &data.greeting.nonce);
     data.send(&Message::ChannelJoin(ChannelJoin {
         session_id: accepted.session_id,
         index: 0,
-        proof: auth.channel_proof(&accepted.session_id, 0),
+        proof,
     }));
     match data.recv() {
         Some(Message::ChannelAccepted { index: 0 }) => data,
@@ -734,20 +834,31 @@ fn rogue_server(
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let server = std::thread::spawn(move || {
-        let accept = |kind: ConnectionKind| {
+        // Greets like a server (its preamble and a Hello with `nonce`), then checks the
+        // client's preamble.
+        let accept = |kind: ConnectionKind, nonce: [u8; 32]| {
             let (mut stream, _) = listener.accept().unwrap();
             stream
                 .set_read_timeout(Some(Duration::from_secs(30)))
                 .unwrap();
+            stream
+                .write_all(&Preamble::new(ConnectionKind::Server).encode())
+                .unwrap();
+            let mut peer = RawPeer {
+                stream,
+                greeting: hello_placeholder(),
+            };
+            peer.send(&wanxfer_proto::handshake::hello(nonce, features::SUPPORTED));
             let mut preamble = [0u8; Preamble::LEN];
-            stream.read_exact(&mut preamble).unwrap();
+            peer.stream.read_exact(&mut preamble).unwrap();
             assert_eq!(Preamble::decode(&preamble).unwrap().kind, kind);
-            RawPeer { stream }
+            peer
         };
-        let mut control = accept(ConnectionKind::Control);
+        let mut control = accept(ConnectionKind::Control, [9; 32]);
         let mut handshake = ServerHandshake::new(SECRET.as_bytes(), [9; 32], features::SUPPORTED);
         let auth = loop {
             match handshake.handle(control.recv().unwrap()).unwrap() {
+                Step::Wait => {}
                 Step::Send(reply) => control.send(&reply),
                 Step::SendAndDone(reply, auth) => {
                     control.send(&reply);
@@ -766,13 +877,15 @@ fn rogue_server(
             depth: open.depth,
             window: open.window,
             flags: open.flags,
+            max_streams: 1,
+            placement: Placement::Resolve,
         };
         control.send(&Message::SessionAccepted(accepted.clone()));
-        let mut data = accept(ConnectionKind::Data);
+        let mut data = accept(ConnectionKind::Data, [11; 32]);
         let Some(Message::ChannelJoin(join)) = data.recv() else {
             panic!("expected ChannelJoin");
         };
-        assert!(auth.verify_channel(&accepted.session_id, join.index, &join.proof));
+        assert!(auth.verify_channel(&accepted.session_id, join.index, &[11; 32], &join.proof));
         data.send(&Message::ChannelAccepted { index: join.index });
         play(control, data, accepted);
     });
@@ -818,6 +931,7 @@ fn a_pulling_client_accepts_only_what_it_asked_for() {
     ] {
         let addr = announcing_server(entries, forge);
         let run = cp([
+            "--retries=0".to_string(),
             format!("wanxfer://{addr}/wanted"),
             dest.to_str().unwrap().to_string(),
         ]);
@@ -849,6 +963,7 @@ fn a_pulling_client_fails_only_the_files_whose_digest_is_wrong() {
     });
     let run = cp([
         "--json".to_string(),
+        "--retries=0".to_string(),
         format!("wanxfer://{addr}/wanted"),
         dest.to_str().unwrap().to_string(),
     ]);

@@ -1,40 +1,87 @@
-//! The two roles of a session once its channels are open: sending and receiving.
+//! The two roles of a session once it is agreed: a thin loop around a state machine of
+//! `wanxfer-session`, which decides everything; this loop only moves events in and work
+//! out.
 //!
-//! Each role is a main loop on the session's own thread that owns the control writer and
-//! reacts to three queues: control messages from the peer, results from its workers
-//! (readers, channel pumps, writers), and worker exits. Workers never write to the
-//! control connection, so its frames need no lock and acknowledgements are batched for
-//! free: the loop sends a `FileAck` whenever it runs out of events to handle.
+//! Each role runs on the session's own thread and sleeps on one bounded queue that every
+//! other thread of the session feeds: the control reader, the links' pumps, the readers or
+//! writers, the committer, and (server) data connections joining. A full queue makes its
+//! producer wait, which is the back-pressure. The loop itself never blocks on anything
+//! but that queue: control messages go out through a writer thread with a bounded queue
+//! (the machine keeps what does not fit), and plans go to the readers only while their
+//! queue has room. So two sides each waiting for the other to read cannot deadlock.
 //!
-//! Any fatal error cancels the session: the peer is told (best effort), every socket is
-//! shut down so blocked workers wake, and every worker is joined before returning.
+//! Links come and go. The client opens the agreed number at the start, and opens another
+//! whenever one dies while the session still has data to move (with a growing pause if
+//! opening fails); the server takes whatever joins. A link that dies loses nothing: the
+//! sending machine sends again what the receiver did not confirm.
+//!
+//! Any fatal error ends the session: the peer is told (best effort), every link is closed
+//! so that blocked threads wake, and every thread is joined before returning. A receiver
+//! then keeps its partial files for the next run (see `Sink::close`).
 
-use std::collections::{HashMap, VecDeque};
-use std::net::{Shutdown, TcpStream};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{select, Receiver, Sender};
-use wanxfer_proto::{
-    EntryKind, ErrorMsg, FailureClass, FileFailed, Manifest, ManifestEnd, Message, MAX_ACK_IDS,
-    MAX_MANIFEST_ENTRIES,
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use wanxfer_proto::{EntryKind, ErrorMsg, FailureClass, Message, Stats};
+use wanxfer_session::{
+    Applied, Event as MachineEvent, Failure, Outcome as FileOutcome, Plan, ReceiverConfig,
+    ReceiverMachine, ReceiverWork, SenderConfig, SenderMachine, SenderWork, SessionError,
 };
 
-use super::control::{Control, Incoming};
+use super::conn::ControlWriter;
 use super::Params;
 use crate::pool::{recv_or_cancel, Block, Cancel, Pool};
 use crate::progress::{CpuMeter, IoUse, Progress};
-use crate::sink::{Resolution, Sink};
+use crate::sink::{self, Sink};
 use crate::source::{
-    run_reader, Plan, Planner, ReadFailure, ReaderConfig, ReaderShared, Source, Walker,
+    run_reader, FileJob, ReadJob, ReaderConfig, ReaderEvent, ReaderShared, Source, Walker,
 };
-use crate::transport::fabric::{self, RecvLimits, SlotPlan};
-use crate::transport::{pump_in, pump_out, TcpChannel};
+use crate::transport::{Closer, Joined, Link, LinkEvent, PumpCtx, Transport};
 use crate::Error;
 
-/// What a worker thread returns when it ends.
-type WorkerExit = Result<(), Error>;
+/// Events the session's threads post to its loop; at most this many wait.
+pub(crate) const EVENT_QUEUE: usize = 4096;
+
+/// Blocks a receiving channel takes in between reports of its count to the sender.
+const STATUS_EVERY: u64 = 8;
+
+/// How long the end of a session waits for its threads to notice and stop.
+const WIND_DOWN: Duration = Duration::from_secs(10);
+
+/// What a session's threads tell its loop.
+#[derive(Debug)]
+pub enum Event {
+    Control(Result<Message, Error>),
+    Link(LinkEvent),
+    /// A link is set up and pumping; this ends it from outside.
+    LinkUp {
+        index: u16,
+        closer: Closer,
+    },
+    Reader(ReaderEvent),
+    /// A file that waited for data is in place (durable), or failed.
+    Resolved {
+        id: u64,
+        result: Result<(), Error>,
+    },
+    /// A data connection joined (server) or was opened (client).
+    Joined(Joined),
+    /// Opening a data connection failed (client).
+    JoinFailed {
+        index: u16,
+        error: Error,
+    },
+    /// A reader, writer or other worker ended.
+    Exit(Result<(), Error>),
+}
+
+/// A handle to post events to a session's loop.
+pub type Events = Sender<Event>;
 
 /// How a role ended when the session itself did not fail.
 #[derive(Debug, Default)]
@@ -42,712 +89,961 @@ pub struct Outcome {
     /// Files and symlinks in place (directories are not counted: operators read "files"
     /// as files, and a rate in files per second should not be padded by directories).
     pub files_ok: u64,
+    /// Of those, already in place: nothing was sent for them.
+    pub up_to_date: u64,
     pub failures: Vec<Error>,
     pub skipped: Vec<String>,
     /// How this side moved file bytes.
     pub io: IoUse,
+    /// The server's closing numbers (client only).
+    pub peer_stats: Option<Stats>,
+    /// Bytes a receiver already held from an interrupted run and did not receive again.
+    pub resumed_bytes: u64,
+    /// Data channels that died and were replaced.
+    pub channels_lost: u64,
 }
 
-impl Outcome {
-    fn count_done(&mut self, kind: EntryKind, progress: &Progress) {
-        if kind != EntryKind::Dir {
-            self.files_ok += 1;
-            progress.files.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Manifest entries announced but not yet resolved, with their kinds.
-#[derive(Default)]
-struct Outstanding(HashMap<u64, EntryKind>);
-
-impl Outstanding {
-    fn insert(&mut self, id: u64, kind: EntryKind, progress: &Progress) {
-        if kind != EntryKind::Dir {
-            progress.total_files.fetch_add(1, Ordering::Relaxed);
-        }
-        self.0.insert(id, kind);
-    }
-
-    fn remove(&mut self, id: u64) -> Option<EntryKind> {
-        self.0.remove(&id)
-    }
-
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
+/// Opens one more data connection for the session (client): connect, greet, join.
+pub type Opener = Arc<dyn Fn(u16) -> Result<Joined, Error> + Send + Sync>;
 
 /// Everything a role needs, set up by the client or the server.
-pub struct Core {
-    pub control: Control,
-    pub incoming: Incoming,
-    pub channels: Vec<TcpStream>,
-    /// Fabric sessions: the libfabric channel beside each TCP data connection, which
-    /// then only binds it to the session. Empty for TCP sessions.
-    pub fabric: Vec<wanxfer_fabric::Channel>,
+pub struct Setup {
     pub params: Params,
+    pub peer: String,
+    pub transport: Arc<dyn Transport>,
     pub progress: Arc<Progress>,
-    pub cancel: Cancel,
     pub meter: Arc<CpuMeter>,
-    workers: Vec<JoinHandle<()>>,
-    exits: (Sender<WorkerExit>, Receiver<WorkerExit>),
+    /// Set from outside to end the session (Ctrl-C, a server draining, a newer session of
+    /// the same transfer).
+    pub cancel: Cancel,
+    /// Client: how to open data connections. Server: `None` (they join).
+    pub opener: Option<Opener>,
+    /// Server: the numbers it reports at the end, filled in when the client asks.
+    pub stats: Option<StatsFn>,
 }
 
-impl Core {
+/// How a server makes its closing numbers from what its side did.
+pub type StatsFn = Box<dyn Fn(&Outcome, &Progress) -> Stats + Send>;
+
+struct LinkSlot {
+    cancel: Cancel,
+    closer: Option<Closer>,
+}
+
+/// One session's loop.
+pub struct Driver {
+    setup: Setup,
+    /// The control connection, shut down when the session ends so that its reader
+    /// thread ends too.
+    control: TcpStream,
+    events: (Sender<Event>, Receiver<Event>),
+    writer: ControlWriter,
+    threads: Vec<JoinHandle<()>>,
+    links: BTreeMap<u16, LinkSlot>,
+    next_index: u16,
+    /// Client: when to open a replacement for a lost link.
+    reopen_at: VecDeque<Instant>,
+    reopen_backoff: Duration,
+    last_link_alive: Instant,
+    /// Sending side: blocks for new links to send. Receiving side: where new links put
+    /// what they receive, and the pool they receive into (TCP).
+    send_queue: Option<Receiver<Block>>,
+    receive_into: Option<(Option<Pool>, Sender<Block>)>,
+    local_errors: HashMap<u64, Error>,
+    outcome: Outcome,
+}
+
+impl Driver {
+    /// A driver whose control connection is `stream`. Its event queue exists from now
+    /// on (see [`Driver::events`]); nothing runs until [`Driver::send`] or
+    /// [`Driver::receive`].
     pub fn new(
-        control: Control,
-        incoming: Incoming,
-        channels: Vec<TcpStream>,
-        params: Params,
-        progress: Arc<Progress>,
-        meter: Arc<CpuMeter>,
-    ) -> Core {
-        Core {
+        setup: Setup,
+        stream: &TcpStream,
+        events: (Sender<Event>, Receiver<Event>),
+    ) -> Result<Driver, Error> {
+        let (tx, failed) = (events.0.clone(), events.0.clone());
+        let reader = super::conn::spawn_reader(stream, setup.peer.clone(), move |msg| {
+            tx.send(Event::Control(msg)).is_ok()
+        })?;
+        let writer = ControlWriter::start(stream, setup.peer.clone(), move |e| {
+            let _ = failed.send(Event::Control(Err(e)));
+        })?;
+        let control = stream
+            .try_clone()
+            .map_err(|e| Error::network("setting up connection to", &setup.peer, e))?;
+        Ok(Driver {
+            next_index: 0,
             control,
-            incoming,
-            channels,
-            fabric: Vec::new(),
-            params,
-            progress,
-            cancel: Cancel::default(),
-            meter,
-            workers: Vec::new(),
-            exits: crossbeam_channel::unbounded(),
-        }
+            setup,
+            events,
+            writer,
+            threads: vec![reader],
+            links: BTreeMap::new(),
+            reopen_at: VecDeque::new(),
+            reopen_backoff: Duration::from_millis(250),
+            last_link_alive: Instant::now(),
+            send_queue: None,
+            receive_into: None,
+            local_errors: HashMap::new(),
+            outcome: Outcome::default(),
+        })
+    }
+
+    /// Where this session's events go: the server hands data connections that join it
+    /// to this queue.
+    pub fn events(&self) -> Events {
+        self.events.0.clone()
     }
 
     fn peer(&self) -> &str {
-        &self.control.peer
+        &self.setup.peer
     }
 
-    /// Runs `work` on a thread whose CPU counts toward this session and whose result
-    /// arrives on the exits queue.
+    /// Runs `work` on a thread whose CPU counts toward this session and whose end is an
+    /// event.
     fn spawn(&mut self, name: &str, work: impl FnOnce() -> Result<(), Error> + Send + 'static) {
-        let exits = self.exits.0.clone();
-        let meter = self.meter.clone();
+        let events = self.events.0.clone();
+        let meter = self.setup.meter.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("wanxfer-{name}"))
             .spawn(move || {
-                // A panicking worker must end the session, not leave it waiting forever.
-                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
-                    .unwrap_or_else(|panic| {
-                        let what = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "a worker thread panicked".into());
-                        Err(Error::Internal(what))
-                    });
+                let result = catch_panic(work);
                 meter.add_this_thread();
-                let _ = exits.send(result);
+                let _ = events.send(Event::Exit(result));
             });
         match spawned {
-            Ok(handle) => self.workers.push(handle),
+            Ok(handle) => self.threads.push(handle),
             Err(e) => {
-                let _ = self
-                    .exits
-                    .0
-                    .send(Err(Error::local("start thread", name.to_string(), e)));
+                let _ = self.events.0.try_send(Event::Exit(Err(Error::local(
+                    "start thread",
+                    name.to_string(),
+                    e,
+                ))));
             }
         }
     }
 
-    fn channel(&self, stream: &TcpStream) -> Result<TcpChannel, Error> {
-        let stream = stream
-            .try_clone()
-            .map_err(|e| Error::network("setting up channel to", self.peer(), e))?;
-        Ok(TcpChannel::new(
-            stream,
-            self.peer().to_string(),
-            self.params.block_size as usize,
-            self.params.session_tag,
-        ))
-    }
-
-    /// One pump thread per channel sending queued blocks.
-    fn spawn_senders(&mut self, queue: &Receiver<Block>) -> Result<(), Error> {
-        if !self.fabric.is_empty() {
-            let plan = SlotPlan::new(self.params.block_size, self.params.depth);
-            for (i, channel) in std::mem::take(&mut self.fabric).into_iter().enumerate() {
-                let (queue, cancel, progress) =
-                    (queue.clone(), self.cancel.clone(), self.progress.clone());
-                let peer = self.peer().to_string();
-                self.spawn(&format!("fsend{i}"), move || {
-                    fabric::send_blocks(channel, plan, &queue, &cancel, &progress, &peer)
+    /// Starts link `index` on a thread of its own: `make` sets it up (for the server this
+    /// may wait for its fabric channel), then it pumps until it ends.
+    fn start_link(
+        &mut self,
+        index: u16,
+        make: impl FnOnce() -> Result<Box<dyn Link>, Error> + Send + 'static,
+    ) {
+        let cancel = Cancel::default();
+        self.links.insert(
+            index,
+            LinkSlot {
+                cancel: cancel.clone(),
+                closer: None,
+            },
+        );
+        let events = self.events.0.clone();
+        let report_to = events.clone();
+        let ctx = PumpCtx {
+            index,
+            report: Arc::new(move |e| {
+                let _ = report_to.send(Event::Link(e));
+            }),
+            cancel,
+            progress: self.setup.progress.clone(),
+            peer: self.setup.peer.clone(),
+        };
+        let send_queue = self.send_queue.clone();
+        let receive_into = self.receive_into.clone();
+        let meter = self.setup.meter.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("wanxfer-link{index}"))
+            .spawn(move || {
+                let result = catch_panic(|| {
+                    let link = make()?;
+                    let _ = events.send(Event::LinkUp {
+                        index,
+                        closer: link.closer(),
+                    });
+                    match (send_queue, receive_into) {
+                        (Some(queue), _) => link.send(queue, &ctx),
+                        (None, Some((pool, out))) => link.receive(pool, out, &ctx),
+                        (None, None) => Err(Error::Internal("a link with no role".into())),
+                    }
                 });
-            }
-            return Ok(());
-        }
-        for i in 0..self.channels.len() {
-            let mut channel = self.channel(&self.channels[i])?;
-            if self.params.io == crate::source::IoMode::Zerocopy {
-                channel.enable_zerocopy()?;
-            }
-            let (queue, cancel, progress) =
-                (queue.clone(), self.cancel.clone(), self.progress.clone());
-            self.spawn(&format!("send{i}"), move || {
-                pump_out(&mut channel, &queue, &cancel, &progress)
+                meter.add_this_thread();
+                (ctx.report)(LinkEvent::Ended { index, result });
             });
+        if let Ok(handle) = spawned {
+            self.threads.push(handle);
         }
-        Ok(())
     }
 
-    /// One pump thread per channel receiving blocks into the writers' queue.
-    fn spawn_receivers(&mut self, pool: &Pool, out: &Sender<Block>) -> Result<(), Error> {
-        if !self.fabric.is_empty() {
-            let plan = SlotPlan::new(self.params.block_size, self.params.depth);
-            for (i, channel) in std::mem::take(&mut self.fabric).into_iter().enumerate() {
-                let (out, cancel, progress) =
-                    (out.clone(), self.cancel.clone(), self.progress.clone());
-                let limits = RecvLimits {
-                    plan,
-                    session_tag: self.params.session_tag,
-                    max_payload: self.params.block_size as usize,
-                };
-                let peer = self.peer().to_string();
-                self.spawn(&format!("frecv{i}"), move || {
-                    fabric::recv_blocks(channel, &limits, &out, &cancel, &progress, &peer)
-                });
-            }
-            return Ok(());
-        }
-        for i in 0..self.channels.len() {
-            let mut channel = self.channel(&self.channels[i])?;
-            let (pool, out, cancel, progress) = (
-                pool.clone(),
-                out.clone(),
-                self.cancel.clone(),
-                self.progress.clone(),
+    /// Server: a data connection joined. More links at once than the agreed most, or an
+    /// index already in use, is turned away (the connection is closed).
+    fn joined(&mut self, joined: Joined) {
+        let index = joined.join.index;
+        if self.links.len() >= usize::from(self.setup.params.max_streams)
+            || self.links.contains_key(&index)
+        {
+            tracing::warn!(
+                "{}: data channel {index} refused: the session has {} of at most {}, or that index",
+                self.setup.peer,
+                self.links.len(),
+                self.setup.params.max_streams
             );
-            self.spawn(&format!("recv{i}"), move || {
-                pump_in(&mut channel, &pool, &out, &cancel, &progress)
-            });
+            let _ = joined.stream.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+        let transport = self.setup.transport.clone();
+        self.start_link(index, move || transport.accept(joined));
+    }
+
+    /// Client: opens link `index` (connect, join, transport set-up) in the background.
+    fn open_link(&mut self, index: u16) {
+        let Some(opener) = self.setup.opener.clone() else {
+            return;
+        };
+        let transport = self.setup.transport.clone();
+        self.start_link(index, move || transport.connect(opener(index)?));
+    }
+
+    fn close_link(&mut self, index: u16) {
+        if let Some(slot) = self.links.get(&index) {
+            slot.cancel.cancel();
+            if let Some(closer) = &slot.closer {
+                closer.close();
+            }
+        }
+    }
+
+    fn open_initial_links(&mut self) {
+        if self.setup.opener.is_some() {
+            for _ in 0..self.setup.params.streams {
+                let index = self.take_index();
+                self.open_link(index);
+            }
+        }
+    }
+
+    fn take_index(&mut self) -> u16 {
+        let index = self.next_index;
+        self.next_index = self.next_index.wrapping_add(1);
+        index
+    }
+
+    /// A link is gone. A client opens another while data remains to move, after a pause
+    /// that grows while opening keeps failing.
+    fn link_lost(&mut self, index: u16, running: bool, failed: bool) {
+        self.links.remove(&index);
+        if failed && running {
+            self.outcome.channels_lost += 1;
+            if self.setup.opener.is_some() {
+                self.reopen_at
+                    .push_back(Instant::now() + self.reopen_backoff);
+                self.reopen_backoff = (self.reopen_backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+
+    /// Opens the replacements that are due, within the agreed most channels.
+    fn reopen_due(&mut self, now: Instant) {
+        while self.reopen_at.front().is_some_and(|at| *at <= now) {
+            self.reopen_at.pop_front();
+            if self.links.len() < usize::from(self.setup.params.max_streams) {
+                let index = self.take_index();
+                self.open_link(index);
+            }
+        }
+    }
+
+    /// Fails the session if it has had no data channel for its stall timeout.
+    fn check_links(&mut self, now: Instant) -> Result<(), Error> {
+        if !self.links.is_empty() {
+            self.last_link_alive = now;
+        } else if now.duration_since(self.last_link_alive) > self.setup.params.stall_timeout {
+            return Err(Error::network(
+                "no data channel to",
+                self.peer(),
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "every data channel failed and none could be opened again",
+                ),
+            ));
         }
         Ok(())
     }
 
-    /// Joins every worker. Call after the queues they feed have closed or after cancel.
-    pub fn join_workers(&mut self) {
-        for handle in self.workers.drain(..) {
-            if handle.join().is_err() {
-                tracing::error!("a worker thread panicked");
+    fn session_error(&self, e: SessionError) -> Error {
+        match e {
+            SessionError::Protocol(detail) => Error::protocol(self.peer(), detail),
+            SessionError::Remote { class, message } => {
+                Error::remote(self.peer(), &ErrorMsg::new(class, &message))
+            }
+            SessionError::Stalled(waited) => Error::network(
+                "no progress from",
+                self.peer(),
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("nothing heard for {} s (--stall-timeout)", waited.as_secs()),
+                ),
+            ),
+            SessionError::Limit(detail) => Error::Limit(format!("{}: {detail}", self.peer())),
+            other => Error::protocol(self.peer(), other),
+        }
+    }
+
+    /// Waits for the next event until `deadline`; `None` at the deadline.
+    fn next_event(&self, deadline: Option<Instant>) -> Result<Option<Event>, Error> {
+        if self.setup.cancel.is_cancelled() {
+            return Err(Error::Cancelled);
+        }
+        let wait = deadline
+            .map(|d| d.saturating_duration_since(Instant::now()))
+            .unwrap_or(crate::pool::CANCEL_POLL)
+            .min(crate::pool::CANCEL_POLL);
+        match self.events.1.recv_timeout(wait) {
+            Ok(event) => Ok(Some(event)),
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => Err(Error::Cancelled),
+        }
+    }
+
+    /// The earliest of the machine's timer, a due reopening, and a retry of output that
+    /// did not fit.
+    fn deadline(&self, machine_timeout: Option<Instant>, busy: bool) -> Option<Instant> {
+        let soon = busy.then(|| Instant::now() + Duration::from_millis(1));
+        [machine_timeout, self.reopen_at.front().copied(), soon]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn count(&mut self, id: u64, kind: EntryKind, outcome: FileOutcome) {
+        let progress = &self.setup.progress;
+        match outcome {
+            FileOutcome::Done | FileOutcome::UpToDate => {
+                if kind != EntryKind::Dir {
+                    self.outcome.files_ok += 1;
+                    progress.files.fetch_add(1, Ordering::Relaxed);
+                }
+                if matches!(outcome, FileOutcome::UpToDate) {
+                    self.outcome.up_to_date += 1;
+                }
+            }
+            FileOutcome::Failed(f) => {
+                progress.failed_files.fetch_add(1, Ordering::Relaxed);
+                let error = self
+                    .local_errors
+                    .remove(&id)
+                    .unwrap_or_else(|| remote_file_error(&self.setup.peer, id, &f));
+                self.outcome.failures.push(error);
             }
         }
     }
 
     /// Ends the session after a fatal error: tells the peer, wakes and joins everything.
-    pub fn abort(&mut self, error: &Error) {
-        self.cancel.cancel();
-        let _ = self.control.send(&Message::Error(ErrorMsg::new(
-            error.wire_class(),
-            &error.to_string(),
-        )));
-        for stream in &self.channels {
-            let _ = stream.shutdown(Shutdown::Both);
-        }
-        self.join_workers();
-    }
-
-    fn worker_exit(&self, exit: Result<(), Error>) -> Result<(), Error> {
-        match exit {
-            Ok(()) => Ok(()),
-            Err(e @ Error::Network { .. }) => Err(self.peer_explanation().unwrap_or(e)),
-            // A worker sees `Cancelled` only when the session is already failing.
-            Err(e) => Err(e),
-        }
-    }
-
-    /// A data channel broke: a peer that gives up (a full disk, a refused file) says why
-    /// on the control connection just before it closes the channels, and that reason is
-    /// the one the user can act on, not the "broken pipe" it causes here.
-    fn peer_explanation(&self) -> Option<Error> {
-        let deadline = std::time::Instant::now() + PEER_EXPLANATION_WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match self.incoming.recv_timeout(left) {
-                Ok(Ok(Message::Error(e))) => return Some(Error::remote(self.peer(), &e)),
-                Ok(Ok(_)) => {}
-                _ => return None,
-            }
-        }
-    }
-}
-
-/// How long a broken data channel waits for the peer's reason on the control connection.
-const PEER_EXPLANATION_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-fn unexpected(peer: &str, msg: &Message) -> Error {
-    Error::protocol(peer, format!("unexpected message {msg:?}"))
-}
-
-fn remote_file_error(peer: &str, f: &FileFailed) -> Error {
-    let message = String::from_utf8_lossy(&f.message).into_owned();
-    match f.class {
-        FailureClass::Integrity => Error::Integrity {
-            path: format!("file #{} at {peer}", f.id),
-            offset: f.offset,
-            detail: message,
-        },
-        class => Error::Remote {
-            peer: peer.to_string(),
-            class,
-            message,
-        },
-    }
-}
-
-/// Sends `source`: lists it, announces it within the window, and feeds readers and
-/// channels until the receiver has resolved every entry.
-pub fn run_sender(core: &mut Core, source: &Source) -> Result<Outcome, Error> {
-    let result = sender_loop(core, source);
-    match &result {
-        Ok(_) => core.join_workers(),
-        Err(e) => core.abort(e),
-    }
-    result.map(|outcome| Outcome {
-        io: IoUse {
-            mode: core.params.io.name().to_string(),
-            fallback: core.progress.io_fallback.get().cloned(),
-            ..IoUse::default()
-        },
-        ..outcome
-    })
-}
-
-struct SenderState {
-    walker: Walker,
-    planner: Planner,
-    outstanding: Outstanding,
-    next_id: u64,
-    total_bytes: u64,
-    walk_done: bool,
-    end_sent: bool,
-    batch: Vec<wanxfer_proto::Entry>,
-    /// Encoded size of `batch`, kept as entries are added: summing the batch before each
-    /// entry made announcing a batch quadratic in its length.
-    batch_bytes: usize,
-    batch_plans: Vec<Plan>,
-    /// Plans of announced batches, released when the receiver acknowledges the batch.
-    awaiting_ack: VecDeque<(u64, Vec<Plan>)>,
-    plans: Option<Sender<Plan>>,
-    outcome: Outcome,
-}
-
-fn sender_loop(core: &mut Core, source: &Source) -> Result<Outcome, Error> {
-    let params = core.params.clone();
-    let pool = Pool::new(params.pool_blocks(), params.block_size as usize);
-    let (plans_tx, plans_rx) = crossbeam_channel::unbounded::<Plan>();
-    let (blocks_tx, blocks_rx) = crossbeam_channel::bounded::<Block>(params.pool_blocks());
-    let (fail_tx, mut fail_rx) = crossbeam_channel::unbounded::<ReadFailure>();
-    let shared = Arc::new(ReaderShared::default());
-    let cfg = ReaderConfig {
-        session_tag: params.session_tag,
-        block_crc: params.block_crc,
-        file_digest: params.file_digest,
-        io: params.io,
-    };
-    for i in 0..params.readers {
-        let (plans, blocks, fails, pool, cfg, shared, cancel) = (
-            plans_rx.clone(),
-            blocks_tx.clone(),
-            fail_tx.clone(),
-            pool.clone(),
-            cfg.clone(),
-            shared.clone(),
-            core.cancel.clone(),
-        );
-        core.spawn(&format!("reader{i}"), move || {
-            run_reader(plans, blocks, fails, pool, cfg, shared, cancel)
-        });
-    }
-    drop((plans_rx, blocks_tx, fail_tx));
-    core.spawn_senders(&blocks_rx)?;
-    drop(blocks_rx);
-
-    let mut st = SenderState {
-        walker: Walker::new(source),
-        planner: Planner::new(params.block_size as usize),
-        outstanding: Outstanding::default(),
-        next_id: 0,
-        total_bytes: 0,
-        walk_done: false,
-        end_sent: false,
-        batch: Vec::new(),
-        batch_bytes: 0,
-        batch_plans: Vec::new(),
-        awaiting_ack: VecDeque::new(),
-        plans: Some(plans_tx),
-        outcome: Outcome::default(),
-    };
-    let exits = core.exits.1.clone();
-    let incoming = core.incoming.clone();
-    loop {
-        walk_some(core, &mut st)?;
-        if st.end_sent && st.outstanding.is_empty() {
-            break;
-        }
-        let can_walk = !st.walk_done && st.outstanding.len() < params.window as usize;
-        select! {
-            recv(incoming) -> msg => {
-                let msg = msg.map_err(|_| Error::Cancelled)??;
-                sender_message(core, &mut st, msg)?;
-            }
-            recv(fail_rx) -> failure => {
-                let Ok(ReadFailure { id, error }) = failure else {
-                    // The readers are done; the transfer is not (the receiver is still
-                    // writing). A closed queue is always ready: stop selecting on it.
-                    fail_rx = crossbeam_channel::never();
-                    continue;
-                };
-                let msg = FileFailed {
-                    id,
-                    class: error.wire_class(),
-                    offset: 0,
-                    message: ErrorMsg::new(error.wire_class(), &error.to_string()).message,
-                };
-                core.control.send(&Message::FileFailed(msg))?;
-                resolve(core, &mut st, id, Err(error));
-            }
-            recv(exits) -> exit => {
-                if let Ok(exit) = exit {
-                    core.worker_exit(exit)?;
-                }
-            }
-            default(if can_walk { std::time::Duration::ZERO } else { crate::pool::CANCEL_POLL }) => {}
-        }
-    }
-    st.outcome.skipped = std::mem::take(&mut st.walker.skipped);
-    Ok(st.outcome)
-}
-
-fn resolve(core: &Core, st: &mut SenderState, id: u64, result: Result<(), Error>) {
-    let Some(kind) = st.outstanding.remove(id) else {
-        return;
-    };
-    match result {
-        Ok(()) => st.outcome.count_done(kind, &core.progress),
-        Err(e) => {
-            core.progress.failed_files.fetch_add(1, Ordering::Relaxed);
-            st.outcome.failures.push(e);
-        }
-    }
-}
-
-/// Lists entries while the window allows, announcing them a batch at a time.
-fn walk_some(core: &mut Core, st: &mut SenderState) -> Result<(), Error> {
-    let window = core.params.window as usize;
-    while !st.walk_done
-        && st.outstanding.len() < window
-        && st.batch.len() < MAX_MANIFEST_ENTRIES
-        && st.batch_bytes < wanxfer_proto::MAX_FRAME_BODY / 2
-    {
-        match st.walker.next_entry() {
-            None => st.walk_done = true,
-            Some(Err(e)) => {
-                core.progress.failed_files.fetch_add(1, Ordering::Relaxed);
-                st.outcome.failures.push(e);
-            }
-            Some(Ok(walked)) => {
-                let id = st.next_id;
-                st.next_id += 1;
-                st.total_bytes += walked.entry.size;
-                st.outstanding.insert(id, walked.entry.kind, &core.progress);
-                core.progress
-                    .total_bytes
-                    .fetch_add(walked.entry.size, Ordering::Relaxed);
-                st.batch_bytes += manifest_bytes(&walked.entry);
-                st.batch.push(walked.entry);
-                if let Some(job) = walked.job {
-                    st.planner.add(job, &mut st.batch_plans);
-                }
-            }
-        }
-        // Keep the loop responsive: announce what we have at most every batch.
-    }
-    if !st.batch.is_empty() {
-        st.planner.flush(&mut st.batch_plans);
-        let first_id = st.next_id - st.batch.len() as u64;
-        let entries = std::mem::take(&mut st.batch);
-        st.batch_bytes = 0;
-        core.control
-            .send(&Message::Manifest(Manifest { first_id, entries }))?;
-        st.awaiting_ack
-            .push_back((st.next_id, std::mem::take(&mut st.batch_plans)));
-    }
-    if st.walk_done && !st.end_sent {
-        core.control.send(&Message::ManifestEnd(ManifestEnd {
-            entries: st.next_id,
-            bytes: st.total_bytes,
-        }))?;
-        st.end_sent = true;
-        release_plans(st, 0);
-    }
-    Ok(())
-}
-
-/// An upper bound on the bytes `entry` adds to a `Manifest` frame.
-fn manifest_bytes(entry: &wanxfer_proto::Entry) -> usize {
-    40 + entry.path.as_bytes().len() + entry.link_target.len()
-}
-
-/// Hands the readers every plan whose entries the receiver has taken in; closes the plan
-/// queue once everything is handed out.
-fn release_plans(st: &mut SenderState, through: u64) {
-    while st
-        .awaiting_ack
-        .front()
-        .is_some_and(|(end, _)| *end <= through)
-    {
-        let (_, plans) = st.awaiting_ack.pop_front().expect("front exists");
-        if let Some(tx) = &st.plans {
-            for plan in plans {
-                let _ = tx.send(plan);
-            }
-        }
-    }
-    if st.end_sent && st.awaiting_ack.is_empty() {
-        st.plans = None;
-    }
-}
-
-fn sender_message(core: &mut Core, st: &mut SenderState, msg: Message) -> Result<(), Error> {
-    match msg {
-        Message::ManifestAck { through } => {
-            if through > st.next_id {
-                return Err(Error::protocol(
-                    core.peer(),
-                    "acknowledged entries never sent",
-                ));
-            }
-            release_plans(st, through);
-        }
-        Message::FileAck { ids } => {
-            for id in ids {
-                resolve(core, st, id, Ok(()));
-            }
-        }
-        Message::FileFailed(f) => {
-            let error = remote_file_error(core.peer(), &f);
-            resolve(core, st, f.id, Err(error));
-        }
-        Message::Error(e) => return Err(Error::remote(core.peer(), &e)),
-        other => return Err(unexpected(core.peer(), &other)),
-    }
-    Ok(())
-}
-
-/// Receives into `sink` until the sender's manifest is complete and every entry in it is
-/// resolved.
-pub fn run_receiver(core: &mut Core, sink: Arc<Sink>) -> Result<Outcome, Error> {
-    let result = receiver_loop(core, &sink);
-    match &result {
-        Ok(_) => core.join_workers(),
-        Err(e) => core.abort(e),
-    }
-    for pending in sink.pending() {
-        sink.abandon(pending);
-    }
-    result.map(|outcome| Outcome {
-        io: sink.io_use(),
-        ..outcome
-    })
-}
-
-struct ReceiverState {
-    next_id: u64,
-    end: Option<u64>,
-    outstanding: Outstanding,
-    acks: Vec<u64>,
-    outcome: Outcome,
-}
-
-fn receiver_loop(core: &mut Core, sink: &Arc<Sink>) -> Result<Outcome, Error> {
-    let params = core.params.clone();
-    let pool = Pool::new(params.pool_blocks(), params.block_size as usize);
-    let (blocks_tx, blocks_rx) = crossbeam_channel::bounded::<Block>(params.pool_blocks());
-    // A writer hands over a whole block's resolutions at once: one wake-up of this loop
-    // and one `FileAck` per block of small files, not one per file.
-    let (res_tx, mut res_rx) = crossbeam_channel::unbounded::<Vec<Resolution>>();
-    core.spawn_receivers(&pool, &blocks_tx)?;
-    drop(blocks_tx);
-    for i in 0..params.writers {
-        let (queue, sink, results, cancel) = (
-            blocks_rx.clone(),
-            sink.clone(),
-            res_tx.clone(),
-            core.cancel.clone(),
-        );
-        core.spawn(&format!("writer{i}"), move || {
-            run_writer(&queue, &sink, &results, &cancel)
-        });
-    }
-    drop((blocks_rx, res_tx));
-
-    let mut st = ReceiverState {
-        next_id: 0,
-        end: None,
-        outstanding: Outstanding::default(),
-        acks: Vec::new(),
-        outcome: Outcome::default(),
-    };
-    let exits = core.exits.1.clone();
-    let incoming = core.incoming.clone();
-    while !(st.end == Some(st.next_id) && st.outstanding.is_empty()) {
-        select! {
-            recv(incoming) -> msg => {
-                let msg = msg.map_err(|_| Error::Cancelled)??;
-                receiver_message(core, sink, &mut st, msg)?;
-            }
-            recv(res_rx) -> batch => {
-                let Ok(batch) = batch else {
-                    // Writers gone: a closed queue is always ready, so stop selecting on
-                    // it rather than spin until the control connection says we are done.
-                    res_rx = crossbeam_channel::never();
-                    continue;
-                };
-                for res in batch {
-                    receiver_resolution(core, &mut st, res)?;
-                }
-            }
-            recv(exits) -> exit => {
-                if let Ok(exit) = exit {
-                    core.worker_exit(exit)?;
-                }
-            }
-            default(crate::pool::CANCEL_POLL) => {}
-        }
-        if incoming.is_empty() && res_rx.is_empty() || st.acks.len() >= MAX_ACK_IDS {
-            flush_acks(core, &mut st)?;
-        }
-    }
-    for error in sink.finish_dirs() {
-        st.outcome.failures.push(error);
-    }
-    flush_acks(core, &mut st)?;
-    Ok(st.outcome)
-}
-
-fn flush_acks(core: &mut Core, st: &mut ReceiverState) -> Result<(), Error> {
-    while !st.acks.is_empty() {
-        let n = st.acks.len().min(MAX_ACK_IDS);
-        let ids: Vec<u64> = st.acks.drain(..n).collect();
-        core.control.send(&Message::FileAck { ids })?;
-    }
-    Ok(())
-}
-
-fn receiver_resolution(
-    core: &mut Core,
-    st: &mut ReceiverState,
-    res: Resolution,
-) -> Result<(), Error> {
-    match res {
-        Resolution::Done { id, .. } => {
-            if let Some(kind) = st.outstanding.remove(id) {
-                st.acks.push(id);
-                st.outcome.count_done(kind, &core.progress);
-            }
-        }
-        Resolution::Failed { id, error } => {
-            st.outstanding.remove(id);
-            let msg = FileFailed {
-                id,
-                class: error.wire_class(),
-                offset: match &error {
-                    Error::Integrity { offset, .. } => *offset,
-                    _ => 0,
-                },
-                message: ErrorMsg::new(error.wire_class(), &error.to_string()).message,
+    fn abort(&mut self, error: &Error) {
+        self.setup.cancel.cancel();
+        if !matches!(error, Error::Network { .. }) {
+            let text = match error {
+                Error::Cancelled => "the transfer was interrupted on this side".to_string(),
+                other => other.to_string(),
             };
-            core.control.send(&Message::FileFailed(msg))?;
-            core.progress.failed_files.fetch_add(1, Ordering::Relaxed);
-            st.outcome.failures.push(error);
+            self.writer
+                .push(&Message::Error(ErrorMsg::new(error.wire_class(), &text)));
+        }
+        self.writer.close(Duration::from_secs(1));
+        self.wind_down();
+    }
+
+    /// Closes every link and joins every thread (bounded).
+    fn wind_down(&mut self) {
+        for index in self.links.keys().copied().collect::<Vec<_>>() {
+            self.close_link(index);
+        }
+        let _ = self.control.shutdown(std::net::Shutdown::Both);
+        self.send_queue = None;
+        self.receive_into = None;
+        let deadline = Instant::now() + WIND_DOWN;
+        for handle in self.threads.drain(..) {
+            while !handle.is_finished() && Instant::now() < deadline {
+                // Keep the queue drained so no thread waits on it forever.
+                while self.events.1.try_recv().is_ok() {}
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if handle.is_finished() {
+                let _ = handle.join();
+            }
         }
     }
-    Ok(())
-}
 
-fn receiver_message(
-    core: &mut Core,
-    sink: &Sink,
-    st: &mut ReceiverState,
-    msg: Message,
-) -> Result<(), Error> {
-    match msg {
-        Message::Manifest(m) => {
-            if m.first_id != st.next_id || st.end.is_some() {
-                return Err(Error::protocol(
-                    core.peer(),
-                    "manifest entries out of order",
-                ));
+    fn flush_transmit(&mut self, mut next: impl FnMut() -> Option<Message>) -> bool {
+        while self.writer.has_room() {
+            match next() {
+                Some(msg) => self.writer.push(&msg),
+                None => break,
             }
-            for entry in &m.entries {
-                let id = st.next_id;
-                st.next_id += 1;
-                core.progress
-                    .total_bytes
-                    .fetch_add(entry.size, Ordering::Relaxed);
-                st.outstanding.insert(id, entry.kind, &core.progress);
-                match sink.apply_entry(id, entry)? {
-                    Some(res) => receiver_resolution(core, st, res)?,
+            // Hand over in bounded chunks.
+            if !self.writer.flush() {
+                return true;
+            }
+        }
+        !self.writer.flush()
+    }
+
+    /// Sends `source`: walks it, announces it within the window, reads what the machine
+    /// plans, and goes on until the receiver has resolved every entry.
+    pub fn send(mut self, source: &Source) -> Result<Outcome, Error> {
+        let result = self.send_loop(source);
+        match &result {
+            Ok(_) => {
+                self.writer.close(Duration::from_secs(5));
+                self.wind_down();
+            }
+            Err(e) => self.abort(e),
+        }
+        let io = IoUse {
+            mode: self.setup.params.io.name().to_string(),
+            fallback: self.setup.progress.io_fallback.get().cloned(),
+            ..IoUse::default()
+        };
+        result.map(|()| Outcome {
+            io,
+            ..std::mem::take(&mut self.outcome)
+        })
+    }
+
+    fn send_loop(&mut self, source: &Source) -> Result<(), Error> {
+        let p = self.setup.params.clone();
+        let pool = Pool::new(p.send_buffers(), p.block_size as usize);
+        let (jobs_tx, jobs_rx) = crossbeam_channel::bounded::<ReadJob>(p.readers * 2);
+        let (blocks_tx, blocks_rx) = crossbeam_channel::bounded::<Block>(p.send_buffers());
+        let shared = Arc::new(ReaderShared::default());
+        let cfg = ReaderConfig {
+            session_tag: p.session_tag,
+            block_crc: p.block_crc,
+            file_digest: p.file_digest,
+            io: p.io,
+        };
+        for i in 0..p.readers {
+            let (jobs, blocks, pool, cfg, shared, cancel) = (
+                jobs_rx.clone(),
+                blocks_tx.clone(),
+                pool.clone(),
+                cfg.clone(),
+                shared.clone(),
+                self.setup.cancel.clone(),
+            );
+            let events = self.events.0.clone();
+            let report = Arc::new(move |e| {
+                let _ = events.send(Event::Reader(e));
+            });
+            self.spawn(&format!("reader{i}"), move || {
+                run_reader(jobs, blocks, report, pool, cfg, shared, cancel)
+            });
+        }
+        drop((jobs_rx, blocks_tx));
+        self.send_queue = Some(blocks_rx);
+        let now = Instant::now();
+        let mut machine = SenderMachine::new(
+            SenderConfig {
+                block_size: u64::from(p.block_size),
+                window: p.window,
+                stall_timeout: p.stall_timeout,
+                peer_may_skip: p.features & wanxfer_proto::features::COMPARE != 0,
+                peer_may_hold: p.features
+                    & (wanxfer_proto::features::RESUME | wanxfer_proto::features::COMPARE)
+                    != 0,
+            },
+            now,
+        );
+        for index in self.links.keys().copied().collect::<Vec<_>>() {
+            machine.channel_opened(index);
+        }
+        self.open_initial_links();
+        let mut walker = Walker::new(source);
+        let mut walking = true;
+        let mut contents: HashMap<u64, FileJob> = HashMap::new();
+        let mut queued: VecDeque<ReadJob> = VecDeque::new();
+        let mut jobs_tx = Some(jobs_tx);
+        loop {
+            // Walk while the window has room, a bounded stretch at a time.
+            let mut walked = 0;
+            while walking && machine.wants_entries() && walked < 4096 {
+                walked += 1;
+                match walker.next_entry() {
                     None => {
-                        if st.outstanding.len() > core.params.window as usize {
-                            return Err(Error::protocol(
-                                core.peer(),
-                                "more files announced than the agreed window",
-                            ));
+                        walking = false;
+                        let skipped = std::mem::take(&mut walker.skipped);
+                        machine.skipped(skipped.iter().map(|s| s.as_bytes().to_vec()).collect());
+                        self.outcome.skipped.extend(skipped);
+                        machine.walk_done();
+                    }
+                    Some(Err(e)) => {
+                        self.setup
+                            .progress
+                            .failed_files
+                            .fetch_add(1, Ordering::Relaxed);
+                        self.outcome.failures.push(e);
+                    }
+                    Some(Ok(w)) => {
+                        let progress = &self.setup.progress;
+                        progress
+                            .total_bytes
+                            .fetch_add(w.entry.size, Ordering::Relaxed);
+                        if w.entry.kind != EntryKind::Dir {
+                            progress.total_files.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let id = machine.push_entry(w.entry);
+                        if let Some(mut job) = w.job {
+                            job.id = id;
+                            contents.insert(id, job);
                         }
                     }
                 }
             }
-            flush_acks(core, st)?;
-            core.control.send(&Message::ManifestAck {
-                through: st.next_id,
-            })?;
-        }
-        Message::ManifestEnd(end) => {
-            if end.entries != st.next_id {
-                return Err(Error::protocol(
-                    core.peer(),
-                    format!(
-                        "manifest ends at {} entries but {} were sent",
-                        end.entries, st.next_id
-                    ),
-                ));
+            // What the machine wants done.
+            let now = Instant::now();
+            let mut busy = self.flush_transmit(|| machine.poll_transmit(now));
+            while let Some(work) = machine.poll_work() {
+                match work {
+                    SenderWork::Read(Plan::Chunks { id, ranges, .. }) => {
+                        if let Some(job) = contents.get(&id) {
+                            queued.push_back(ReadJob::Chunks {
+                                job: job.clone(),
+                                ranges,
+                            });
+                        }
+                    }
+                    SenderWork::Read(Plan::Packed { files }) => {
+                        let jobs: Vec<FileJob> = files
+                            .iter()
+                            .filter_map(|(id, _)| contents.get(id).cloned())
+                            .collect();
+                        if !jobs.is_empty() {
+                            queued.push_back(ReadJob::Packed(jobs));
+                        }
+                    }
+                    SenderWork::Verify { id, ranges } => {
+                        if let Some(job) = contents.get(&id) {
+                            queued.push_back(ReadJob::Verify {
+                                job: job.clone(),
+                                ranges,
+                            });
+                        }
+                    }
+                    SenderWork::CloseChannel(index) => self.close_link(index),
+                }
             }
-            st.end = Some(end.entries);
-        }
-        Message::FileFailed(f) => {
-            sink.abandon(f.id);
-            if st.outstanding.remove(f.id).is_some() {
-                core.progress.failed_files.fetch_add(1, Ordering::Relaxed);
-                st.outcome.failures.push(remote_file_error(core.peer(), &f));
+            while let Some(job) = queued.pop_front() {
+                let Some(tx) = &jobs_tx else { break };
+                match tx.try_send(job) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(job)) => {
+                        queued.push_front(job);
+                        busy = true;
+                        break;
+                    }
+                    Err(TrySendError::Disconnected(_)) => break,
+                }
+            }
+            while let Some(event) = machine.poll_event() {
+                match event {
+                    MachineEvent::Resolved { id, kind, outcome } => {
+                        let job = contents.remove(&id);
+                        if let (FileOutcome::UpToDate, Some(job)) = (&outcome, &job) {
+                            self.setup
+                                .progress
+                                .bytes_skipped
+                                .fetch_add(job.size, Ordering::Relaxed);
+                        }
+                        self.count(id, kind, outcome);
+                    }
+                    MachineEvent::FinishRequested => {
+                        jobs_tx = None;
+                        self.wind_down_workers();
+                        self.outcome.io = IoUse {
+                            mode: self.setup.params.io.name().to_string(),
+                            fallback: self.setup.progress.io_fallback.get().cloned(),
+                            ..IoUse::default()
+                        };
+                        let stats = self.stats();
+                        machine.send_stats(stats);
+                    }
+                    MachineEvent::PeerStats(stats) => self.outcome.peer_stats = Some(stats),
+                    MachineEvent::Skipped(_) => {}
+                }
+            }
+            if machine.all_resolved() {
+                // Nothing more to read: readers end, then the links once sent.
+                jobs_tx = None;
+                queued.clear();
+                if self.setup.opener.is_some() {
+                    machine.finish();
+                }
+            }
+            let now = Instant::now();
+            busy |= self.flush_transmit(|| machine.poll_transmit(now));
+            if machine.is_done() {
+                return Ok(());
+            }
+            self.reopen_due(now);
+            self.check_links(now)?;
+            let wait_walk = walking && machine.wants_entries();
+            let deadline = self.deadline(machine.poll_timeout(), busy || wait_walk);
+            let Some(event) = self.next_event(deadline)? else {
+                machine
+                    .handle_timeout(Instant::now())
+                    .map_err(|e| self.session_error(e))?;
+                continue;
+            };
+            self.sender_event(&mut machine, event)?;
+            // More of what is queued, but nothing after the session is over: the peer
+            // closing its end then is the end, not a failure.
+            for _ in 0..256 {
+                if machine.is_done() {
+                    break;
+                }
+                match self.events.1.try_recv() {
+                    Ok(event) => self.sender_event(&mut machine, event)?,
+                    Err(_) => break,
+                }
             }
         }
-        Message::Error(e) => return Err(Error::remote(core.peer(), &e)),
-        other => return Err(unexpected(core.peer(), &other)),
     }
-    Ok(())
+
+    fn sender_event(&mut self, machine: &mut SenderMachine, event: Event) -> Result<(), Error> {
+        let now = Instant::now();
+        let running = !machine.all_resolved();
+        match event {
+            Event::Control(msg) => {
+                let msg = msg?;
+                machine
+                    .handle_message(now, msg)
+                    .map_err(|e| self.session_error(e))?;
+            }
+            Event::Link(LinkEvent::Sent { index, segments }) => machine
+                .block_sent(index, segments)
+                .map_err(|e| self.session_error(e))?,
+            Event::Link(LinkEvent::Unsent { segments }) => machine.block_unsent(segments),
+            Event::Link(LinkEvent::Received { .. }) => {}
+            Event::Link(LinkEvent::Ended { index, result }) => {
+                let result = fatal_or_lost(result)?;
+                let failed = result.is_err();
+                if let Err(e) = &result {
+                    if running {
+                        tracing::warn!("data channel {index} to {} failed: {e}", self.peer());
+                    }
+                    machine.channel_failed(index);
+                }
+                self.link_lost(index, running, failed);
+            }
+            Event::LinkUp { index, closer } => {
+                machine.channel_opened(index);
+                self.reopen_backoff = Duration::from_millis(250);
+                if let Some(slot) = self.links.get_mut(&index) {
+                    slot.closer = Some(closer);
+                }
+            }
+            Event::Reader(ReaderEvent::Failed { id, error }) => {
+                let class = error.wire_class();
+                let message = error.to_string();
+                if machine.is_outstanding(id) {
+                    self.local_errors.insert(id, error);
+                }
+                machine.read_failed(id, class, &message);
+            }
+            Event::Reader(ReaderEvent::Verified { id, matches }) => {
+                let kept = machine.verified(id, &matches);
+                self.outcome.resumed_bytes += kept;
+                self.setup
+                    .progress
+                    .bytes_skipped
+                    .fetch_add(kept, Ordering::Relaxed);
+            }
+            Event::Joined(joined) => self.joined(joined),
+            Event::JoinFailed { index, error } => {
+                tracing::warn!("opening data channel {index} to {}: {error}", self.peer());
+                self.link_lost(index, running, true);
+            }
+            Event::Resolved { .. } => {}
+            Event::Exit(result) => result?,
+        }
+        Ok(())
+    }
+
+    /// Server, on the client's `Finish`: the workers end, so that their CPU counts.
+    fn wind_down_workers(&mut self) {
+        self.send_queue = None;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.threads.iter().skip(1).any(|t| !t.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn stats(&mut self) -> Stats {
+        self.setup.meter.add_this_thread();
+        match &self.setup.stats {
+            Some(make) => make(&self.outcome, &self.setup.progress),
+            None => Stats::default(),
+        }
+    }
+
+    /// Receives into `sink`: applies the manifest as it comes, places blocks, and goes
+    /// on until the sender's manifest is complete and every entry in it is resolved.
+    pub fn receive(mut self, sink: Arc<Sink>) -> Result<Outcome, Error> {
+        let result = self.receive_loop(&sink);
+        let completed = result.is_ok();
+        match &result {
+            Ok(_) => {
+                self.writer.close(Duration::from_secs(5));
+                self.wind_down();
+            }
+            Err(e) => self.abort(e),
+        }
+        for e in sink.close(completed) {
+            self.outcome.failures.push(e);
+        }
+        if completed {
+            if let Some(journal) = sink.journal() {
+                if let Ok(journal) = Arc::try_unwrap(journal.clone()) {
+                    journal.remove();
+                }
+            }
+        }
+        let io = sink.io_use();
+        result.map(|()| Outcome {
+            io,
+            ..std::mem::take(&mut self.outcome)
+        })
+    }
+
+    fn receive_loop(&mut self, sink: &Arc<Sink>) -> Result<(), Error> {
+        let p = self.setup.params.clone();
+        let pool = self
+            .setup
+            .transport
+            .receive_pool(p.receive_buffers(), p.block_size as usize);
+        let (blocks_tx, blocks_rx) = crossbeam_channel::bounded::<Block>(p.receive_buffers());
+        for i in 0..p.writers {
+            let (queue, sink, cancel) =
+                (blocks_rx.clone(), sink.clone(), self.setup.cancel.clone());
+            self.spawn(&format!("writer{i}"), move || {
+                while let Some(block) = recv_or_cancel(&queue, &cancel)? {
+                    sink.place_block(block)?;
+                }
+                Ok(())
+            });
+        }
+        drop(blocks_rx);
+        self.receive_into = Some((pool, blocks_tx));
+        let now = Instant::now();
+        let mut machine = ReceiverMachine::new(
+            ReceiverConfig {
+                window: p.window,
+                stall_timeout: p.stall_timeout,
+                status_every: STATUS_EVERY,
+            },
+            now,
+        );
+        self.open_initial_links();
+        let mut finish_sent = false;
+        loop {
+            let now = Instant::now();
+            let mut busy = self.flush_transmit(|| machine.poll_transmit(now));
+            while let Some(work) = machine.poll_work() {
+                match work {
+                    ReceiverWork::Apply { id, entry } => {
+                        let progress = &self.setup.progress;
+                        progress
+                            .total_bytes
+                            .fetch_add(entry.size, Ordering::Relaxed);
+                        if entry.kind != EntryKind::Dir {
+                            progress.total_files.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let applied = sink.apply_entry(id, &entry)?;
+                        match &applied {
+                            Applied::UpToDate => {
+                                progress
+                                    .bytes_skipped
+                                    .fetch_add(entry.size, Ordering::Relaxed);
+                            }
+                            Applied::Failed(f) => {
+                                self.local_errors.insert(
+                                    id,
+                                    Error::Refused {
+                                        path: entry.path.to_string(),
+                                        reason: f.message.clone(),
+                                    },
+                                );
+                            }
+                            _ => {}
+                        }
+                        machine
+                            .applied(id, applied)
+                            .map_err(|e| self.session_error(e))?;
+                    }
+                    ReceiverWork::Accept { id, ranges } => {
+                        let held: u64 = ranges.iter().map(|r| u64::from(r.len)).sum();
+                        self.outcome.resumed_bytes += held;
+                        self.setup
+                            .progress
+                            .bytes_skipped
+                            .fetch_add(held, Ordering::Relaxed);
+                        sink.accept(id, &ranges)?;
+                    }
+                    ReceiverWork::Abandon { id } => sink.abandon(id),
+                    ReceiverWork::CloseChannel(index) => self.close_link(index),
+                }
+            }
+            while let Some(event) = machine.poll_event() {
+                match event {
+                    MachineEvent::Resolved { id, kind, outcome } => self.count(id, kind, outcome),
+                    MachineEvent::Skipped(paths) => self.outcome.skipped.extend(
+                        paths
+                            .iter()
+                            .map(|p| String::from_utf8_lossy(p).into_owned()),
+                    ),
+                    MachineEvent::FinishRequested => {
+                        let stats = self.stats();
+                        machine.send_stats(stats);
+                    }
+                    MachineEvent::PeerStats(stats) => self.outcome.peer_stats = Some(stats),
+                }
+            }
+            if machine.all_resolved() && self.setup.opener.is_some() && !finish_sent {
+                finish_sent = true;
+                machine.finish();
+            }
+            let now = Instant::now();
+            busy |= self.flush_transmit(|| machine.poll_transmit(now));
+            if machine.is_done() {
+                return Ok(());
+            }
+            self.reopen_due(now);
+            if !machine.all_resolved() {
+                self.check_links(now)?;
+            }
+            let deadline = self.deadline(machine.poll_timeout(), busy);
+            let Some(event) = self.next_event(deadline)? else {
+                machine
+                    .handle_timeout(Instant::now())
+                    .map_err(|e| self.session_error(e))?;
+                continue;
+            };
+            self.receiver_event(&mut machine, event)?;
+            for _ in 0..256 {
+                if machine.is_done() {
+                    break;
+                }
+                match self.events.1.try_recv() {
+                    Ok(event) => self.receiver_event(&mut machine, event)?,
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+
+    fn receiver_event(&mut self, machine: &mut ReceiverMachine, event: Event) -> Result<(), Error> {
+        let now = Instant::now();
+        let running = !machine.all_resolved();
+        match event {
+            Event::Control(msg) => {
+                let msg = msg?;
+                machine
+                    .handle_message(now, msg)
+                    .map_err(|e| self.session_error(e))?;
+            }
+            Event::Link(LinkEvent::Received { index }) => machine.block_received(now, index),
+            Event::Link(LinkEvent::Ended { index, result }) => {
+                let result = fatal_or_lost(result)?;
+                let failed = result.is_err();
+                if let (Err(e), true) = (&result, running) {
+                    tracing::warn!("data channel {index} from {} failed: {e}", self.peer());
+                }
+                if running {
+                    machine.channel_closed(index);
+                }
+                self.link_lost(index, running, failed);
+            }
+            Event::Link(LinkEvent::Sent { .. } | LinkEvent::Unsent { .. }) => {}
+            Event::LinkUp { index, closer } => {
+                machine.channel_opened(index);
+                self.reopen_backoff = Duration::from_millis(250);
+                if let Some(slot) = self.links.get_mut(&index) {
+                    slot.closer = Some(closer);
+                }
+            }
+            Event::Resolved { id, result } => {
+                let result = result.map_err(|e| {
+                    let f = sink::failure(&e);
+                    self.local_errors.insert(id, e);
+                    f
+                });
+                machine.resolved(id, result);
+            }
+            Event::Joined(joined) => self.joined(joined),
+            Event::JoinFailed { index, error } => {
+                tracing::warn!("opening data channel {index} to {}: {error}", self.peer());
+                self.link_lost(index, running, true);
+            }
+            Event::Reader(_) => {}
+            Event::Exit(result) => result?,
+        }
+        Ok(())
+    }
 }
 
-/// One writer thread: places received blocks until the channels are done.
-fn run_writer(
-    queue: &Receiver<Block>,
-    sink: &Sink,
-    results: &Sender<Vec<Resolution>>,
-    cancel: &Cancel,
-) -> Result<(), Error> {
-    while let Some(block) = recv_or_cancel(queue, cancel)? {
-        let mut resolved = Vec::new();
-        sink.place_block(block, &mut resolved)?;
-        if !resolved.is_empty() {
-            let _ = results.send(resolved);
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // However the session ended (a panic too), its sockets go and its threads end.
+        self.setup.cancel.cancel();
+        for slot in self.links.values() {
+            slot.cancel.cancel();
+            if let Some(closer) = &slot.closer {
+                closer.close();
+            }
         }
+        let _ = self.control.shutdown(std::net::Shutdown::Both);
     }
-    Ok(())
+}
+
+/// How a link's end matters: a channel the network lost is one the session does without
+/// (what it held is sent again); a peer that broke the protocol on it, or a bug, ends the
+/// session.
+fn fatal_or_lost(result: Result<(), Error>) -> Result<Result<(), Error>, Error> {
+    match result {
+        Ok(()) => Ok(Ok(())),
+        Err(e @ (Error::Network { .. } | Error::Cancelled)) => Ok(Err(e)),
+        // A fabric link that could not pair or lost its peer is the network's too.
+        Err(e @ Error::Auth { .. }) => Ok(Err(e)),
+        Err(e) => Err(e),
+    }
+}
+
+/// What a file failure the peer reported means here.
+fn remote_file_error(peer: &str, id: u64, f: &Failure) -> Error {
+    match f.class {
+        FailureClass::Integrity => Error::Integrity {
+            path: format!("file #{id} at {peer}"),
+            offset: f.offset,
+            detail: f.message.clone(),
+        },
+        class => Error::Remote {
+            peer: peer.to_string(),
+            class,
+            message: f.message.clone(),
+        },
+    }
+}
+
+/// Runs `work`, turning a panic into an internal error: a panicking thread must end the
+/// session, not leave it waiting forever.
+fn catch_panic(work: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a worker thread panicked".into());
+        Err(Error::Internal(what))
+    })
 }

@@ -1,19 +1,25 @@
 //! Sessions: one transfer between a client and a server.
 //!
-//! A session is a control connection (hello, mutual authentication, the request, the
-//! manifest, acknowledgements, the closing statistics) plus `streams` data channels that
-//! present a proof bound to the session before carrying blocks. The client always
-//! connects, whichever way data flows, so that only the server needs an open port.
+//! A session is a control connection (the server's greeting, mutual authentication, the
+//! request, the manifest, acknowledgements, the closing statistics) plus data channels
+//! that join with a proof bound to their own connection and carry blocks. The client
+//! always connects, whichever way data flows, so that only the server needs an open port.
 //! [`client`] and [`server`] set a session up; [`driver`] runs the sending or receiving
-//! role, which is the same code on either side.
+//! role as a thin loop around the state machines of `wanxfer-session`, which decide
+//! everything the session does; [`conn`] is the framing and the deadlines.
 
 pub mod client;
-mod control;
+pub(crate) mod conn;
 pub mod driver;
 pub mod server;
+pub mod state;
 
-pub use client::{run_client, ClientConfig, ClientJob, PullDest, Report};
+pub use client::{run_client, ClientConfig, ClientJob, PullDest, Report, RetryPolicy};
 pub use server::{Server, ServerLimits};
+
+use std::time::Duration;
+
+use wanxfer_proto::Compare;
 
 use crate::source::IoMode;
 
@@ -37,7 +43,8 @@ impl Transport {
     }
 }
 
-/// What a user may tune; the server clamps every value to its own limits.
+/// What a user may tune; the server clamps every negotiated value to its own limits.
+/// The defaults here are the ones the command line shows: each is written once.
 #[derive(Debug, Clone)]
 pub struct Tuning {
     /// Parallel data channels (TCP streams).
@@ -64,11 +71,22 @@ pub struct Tuning {
     pub write: crate::fs::WriteMode,
     pub transport: Transport,
     /// How long a silent peer (cut link, crashed host) is waited for (local).
-    pub stall_timeout: std::time::Duration,
+    pub stall_timeout: Duration,
+    /// Which files a receiver may skip because it has them already.
+    pub compare: Compare,
+    /// Whether a receiving side makes files durable before it acknowledges them (local).
+    pub durable: bool,
+    /// Bytes of block buffers this side may hold for one session (local): the readers'
+    /// and writers' counts and the pool are fitted into it.
+    pub max_memory: u64,
 }
 
 /// A path silent for this long is declared dead.
-pub const DEFAULT_STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Most reader or writer threads a session runs, whatever is asked: beyond the cores and
+/// the disks' queues they add nothing but memory.
+pub const MAX_DISK_THREADS: usize = 64;
 
 impl Default for Tuning {
     fn default() -> Self {
@@ -85,6 +103,9 @@ impl Default for Tuning {
             write: crate::fs::WriteMode::Auto,
             transport: Transport::Tcp,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
+            compare: Compare::QuickCheck,
+            durable: true,
+            max_memory: 1 << 30,
         }
     }
 }
@@ -93,7 +114,11 @@ impl Default for Tuning {
 #[derive(Debug, Clone)]
 pub struct Params {
     pub session_tag: u64,
+    /// Names this transfer's temporaries: the same in every run of the same transfer, so
+    /// an interrupted one's partial files are found again.
+    pub transfer_tag: u64,
     pub streams: u16,
+    pub max_streams: u16,
     pub block_size: u32,
     pub depth: u16,
     pub window: u32,
@@ -107,6 +132,11 @@ pub struct Params {
     /// The receiver throws data away.
     pub discard: bool,
     pub io: IoMode,
+    pub compare: Compare,
+    pub durable: bool,
+    pub stall_timeout: Duration,
+    /// The features both sides offered (`wanxfer_proto::features`).
+    pub features: u64,
 }
 
 impl Params {
@@ -114,23 +144,29 @@ impl Params {
     /// thread counts and I/O mode.
     pub fn from_accepted(
         a: &wanxfer_proto::SessionAccepted,
-        readers: usize,
-        writers: usize,
-        io: IoMode,
+        transfer_id: &[u8; 16],
+        tuning: &Tuning,
+        features: u64,
     ) -> Params {
         use wanxfer_proto::session_flags::{DISCARD, NO_BLOCK_CHECKSUM, NO_FILE_DIGEST};
         Params {
-            session_tag: session_tag(&a.session_id),
+            session_tag: tag(&a.session_id),
+            transfer_tag: tag(transfer_id),
             streams: a.streams,
+            max_streams: a.max_streams,
             block_size: a.block_size,
             depth: a.depth,
             window: a.window,
-            readers: readers.max(1),
-            writers: writers.max(1),
+            readers: tuning.readers.clamp(1, MAX_DISK_THREADS),
+            writers: tuning.writers.clamp(1, MAX_DISK_THREADS),
             block_crc: a.flags & (NO_BLOCK_CHECKSUM | NO_FILE_DIGEST) == NO_FILE_DIGEST,
             file_digest: a.flags & NO_FILE_DIGEST == 0,
             discard: a.flags & DISCARD != 0,
-            io,
+            io: tuning.io,
+            compare: tuning.compare,
+            durable: tuning.durable,
+            stall_timeout: tuning.stall_timeout,
+            features,
         }
     }
 
@@ -146,20 +182,25 @@ impl Params {
         crate::digest::check_flags(self.block_crc, self.file_digest)
     }
 
-    /// Buffers in this side's pool: every channel's queue plus one in the hands of each
-    /// channel, reader and writer.
-    pub fn pool_blocks(&self) -> usize {
-        let streams = usize::from(self.streams);
-        (streams * (usize::from(self.depth) + 1) + self.readers + self.writers).max(4)
+    /// Buffers in a sending side's pool: every channel's queue plus one in the hands of
+    /// each channel and reader (the negotiated budget counted these).
+    pub fn send_buffers(&self) -> usize {
+        wanxfer_session::negotiate::buffers(self.streams, self.depth, self.readers as u32) as usize
+    }
+
+    /// Buffers in a receiving side's shared pool (TCP): likewise with its writers.
+    pub fn receive_buffers(&self) -> usize {
+        wanxfer_session::negotiate::buffers(self.streams, self.depth, self.writers as u32) as usize
     }
 }
 
-fn session_tag(id: &[u8; 16]) -> u64 {
+/// The first 8 bytes of a 16-byte id, as a number for names and block headers.
+pub fn tag(id: &[u8; 16]) -> u64 {
     u64::from_le_bytes(id[..8].try_into().expect("8 of 16 bytes"))
 }
 
 /// Fills `buf` from the operating system's random source.
-fn random<const N: usize>() -> Result<[u8; N], crate::Error> {
+pub(crate) fn random<const N: usize>() -> Result<[u8; N], crate::Error> {
     let mut buf = [0u8; N];
     getrandom::fill(&mut buf).map_err(|e| {
         crate::Error::local(
@@ -189,8 +230,10 @@ mod tests {
             depth: 2,
             window: 16,
             flags,
+            max_streams: 4,
+            placement: wanxfer_proto::Placement::Resolve,
         };
-        Params::from_accepted(&accepted, 1, 1, IoMode::Auto)
+        Params::from_accepted(&accepted, &[2; 16], &Tuning::default(), 0)
     }
 
     /// Digests check every block, so a payload CRC is sent only in a session without
@@ -205,5 +248,27 @@ mod tests {
         assert_eq!(checks(NO_BLOCK_CHECKSUM), (true, false));
         assert_eq!(checks(NO_FILE_DIGEST), (false, true));
         assert_eq!(checks(NO_FILE_DIGEST | NO_BLOCK_CHECKSUM), (false, false));
+    }
+
+    /// The regression of issue 16 item 8: a thread count asked for is clamped.
+    #[test]
+    fn thread_counts_are_clamped() {
+        let tuning = Tuning {
+            readers: 100_000,
+            writers: 0,
+            ..Tuning::default()
+        };
+        let accepted = wanxfer_proto::SessionAccepted {
+            session_id: [1; 16],
+            streams: 1,
+            block_size: 1 << 20,
+            depth: 2,
+            window: 16,
+            flags: 0,
+            max_streams: 4,
+            placement: wanxfer_proto::Placement::Resolve,
+        };
+        let p = Params::from_accepted(&accepted, &[2; 16], &tuning, 0);
+        assert_eq!((p.readers, p.writers), (MAX_DISK_THREADS, 1));
     }
 }

@@ -1,36 +1,46 @@
 //! The server: one root, many sessions, each on threads of its own.
 //!
-//! Nothing touches the file system before a client has proved it knows the secret. Every
-//! connection first sends a preamble; control connections then authenticate and ask,
-//! data connections name a session and prove they belong to it. Pending connections,
-//! sessions and per-session resources are bounded by [`ServerLimits`]; a failing or
-//! panicking session ends alone, the listener goes on.
+//! Nothing touches the file system before a client has proved it knows the secret. The
+//! server greets every connection at once with a nonce fresh for it; control connections
+//! then authenticate and ask, data connections name a session and prove they belong to it
+//! with a proof bound to that nonce, so a captured join is worthless elsewhere.
+//!
+//! Strangers cannot lock real clients out: a handshake has one deadline for the whole of
+//! it, however slowly its bytes trickle in; connections that have not authenticated are
+//! limited per source address and in total, and when the total is reached the oldest
+//! stranger is dropped to make room rather than the newcomer refused, so a real client's
+//! handshake (a round trip or two) gets through; authenticated sessions are counted apart;
+//! and an address that keeps failing to authenticate is turned away for a while.
+//!
+//! A failing or panicking session ends alone, the listener goes on. On a signal to stop
+//! the server stops accepting, lets every session end the way an interrupted one does (its
+//! partial files journaled for the next run), and returns within a bound.
 
-use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
 use wanxfer_proto::handshake::{Authenticated, ServerHandshake, Step};
 use wanxfer_proto::{
     features, session_flags, ConnectionKind, Direction, ErrorMsg, FabricEndpoint, FailureClass,
-    Message, OpenSession, SessionAccepted, Stats, TransportKind, MAX_BLOCK_PAYLOAD,
+    Message, OpenSession, Stats, TransportKind,
 };
+use wanxfer_session::negotiate::{self, Limits};
 
-use super::control::{
-    peer_on_this_host, read_message, read_preamble, spawn_reader, tune_socket, Control,
-};
-use super::driver::{run_receiver, run_sender, Core};
-use super::{random, Params, DISCARD_PATH, SYNTHETIC_PATH};
+use super::conn::{self, Deadline};
+use super::driver::{Driver, Event, Events, Outcome, Setup};
+use super::state::StateDir;
+use super::{random, Params, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
 use crate::fs::Root;
 use crate::pool::Cancel;
 use crate::progress::{CpuMeter, Progress};
 use crate::sink::{Placement, Sink, SinkLimits};
 use crate::source::Source;
-use crate::transport::fabric::{self, SlotPlan};
+use crate::transport::fabric::{self, FabricTransport, SlotPlan};
+use crate::transport::{Joined, TcpTransport};
 use crate::Error;
 
 /// The server's own bounds; a client's request is clamped to them.
@@ -42,15 +52,17 @@ pub struct ServerLimits {
     pub max_window: u32,
     /// Concurrent sessions.
     pub max_sessions: usize,
-    /// Connections that have not finished their handshake yet.
+    /// Connections that have not finished their handshake yet, in all.
     pub max_pending: usize,
+    /// Of those, from one source address.
+    pub max_pending_per_address: usize,
     pub readers: usize,
     pub writers: usize,
     pub max_open_files: usize,
-    /// Time a connection may take to authenticate, and a session to open its channels.
+    /// Time a connection may take for its whole handshake.
     pub handshake_timeout: Duration,
-    /// Bytes one session's block pool may use.
-    pub max_pool_bytes: usize,
+    /// Bytes of block buffers one session may use (its pool, or its fabric slots).
+    pub max_session_memory: u64,
     /// How pulls send file bytes.
     pub io: crate::source::IoMode,
     /// How pushed files are written.
@@ -60,6 +72,17 @@ pub struct ServerLimits {
     pub fabric_provider: Option<String>,
     /// How long a silent peer is waited for before its session fails.
     pub stall_timeout: Duration,
+    /// Where journals of interrupted transfers are kept.
+    pub state_dir: Option<PathBuf>,
+    /// How long the partial files of an abandoned transfer are kept for it to resume.
+    pub keep_partial: Duration,
+    /// Pushed files are durable before they are acknowledged.
+    pub durable: bool,
+    /// Failed authentications from one address within a minute before it is turned away
+    /// for the rest of that minute.
+    pub max_auth_failures: u32,
+    /// How long a stopping server waits for its sessions to end.
+    pub drain_timeout: Duration,
 }
 
 impl Default for ServerLimits {
@@ -70,36 +93,173 @@ impl Default for ServerLimits {
             max_depth: 32,
             max_window: 65_536,
             max_sessions: 16,
-            max_pending: 64,
-            readers: 2,
-            writers: 2,
+            max_pending: 256,
+            max_pending_per_address: 16,
+            readers: Tuning::default().readers,
+            writers: Tuning::default().writers,
             max_open_files: 512,
-            handshake_timeout: Duration::from_secs(30),
-            max_pool_bytes: 512 << 20,
+            handshake_timeout: Duration::from_secs(10),
+            max_session_memory: 512 << 20,
             io: crate::source::IoMode::Auto,
             write: crate::fs::WriteMode::Auto,
             fabric_provider: None,
             stall_timeout: super::DEFAULT_STALL_TIMEOUT,
+            state_dir: None,
+            keep_partial: Duration::from_secs(24 * 3600),
+            durable: true,
+            max_auth_failures: 10,
+            drain_timeout: Duration::from_secs(10),
         }
     }
 }
 
-type Joins = Sender<(u16, TcpStream)>;
+impl ServerLimits {
+    /// The server's state directory by default: beside a client's, one per served root.
+    pub fn default_state_dir(root: &Path) -> PathBuf {
+        let absolute = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+        let hash = twox_hash::XxHash3_64::oneshot(std::os::unix::ffi::OsStrExt::as_bytes(
+            absolute.as_os_str(),
+        ));
+        StateDir::client_default().join(format!("server-{hash:016x}"))
+    }
+}
+
+/// A running session, as data connections and later sessions of its transfer find it.
+struct Entry {
+    auth: Authenticated,
+    events: Events,
+}
+
+/// A session's transfer, so that a newer session of the same transfer (the client
+/// retrying after a failure this side has not noticed yet) can end it first.
+struct Running {
+    cancel: Cancel,
+    done: Arc<(Mutex<bool>, Condvar)>,
+}
 
 #[derive(Default)]
 struct Registry {
-    sessions: Mutex<HashMap<[u8; 16], (Authenticated, u16, Joins)>>,
+    sessions: Mutex<HashMap<[u8; 16], Entry>>,
+    transfers: Mutex<HashMap<[u8; 16], Running>>,
+}
+
+/// Connections that have not authenticated yet.
+#[derive(Default)]
+struct Pending {
+    state: Mutex<PendingState>,
+}
+
+#[derive(Default)]
+struct PendingState {
+    next: u64,
+    per_address: HashMap<IpAddr, usize>,
+    /// Oldest first: who is dropped when the total is reached.
+    order: VecDeque<(u64, IpAddr, Arc<TcpStream>)>,
+}
+
+/// A pending connection's place; released when it authenticates or ends.
+struct Ticket {
+    pending: Arc<Pending>,
+    id: Option<u64>,
+}
+
+impl Pending {
+    fn admit(
+        self: &Arc<Self>,
+        ip: IpAddr,
+        stream: &TcpStream,
+        limits: &ServerLimits,
+    ) -> Option<Ticket> {
+        let mut st = self.state.lock().expect("no panics while held");
+        if st.per_address.get(&ip).copied().unwrap_or(0) >= limits.max_pending_per_address {
+            return None;
+        }
+        while st.order.len() >= limits.max_pending.max(1) {
+            let (_, old_ip, old) = st.order.pop_front().expect("not empty");
+            decrement(&mut st.per_address, old_ip);
+            let _ = old.shutdown(std::net::Shutdown::Both);
+        }
+        let id = st.next;
+        st.next += 1;
+        *st.per_address.entry(ip).or_default() += 1;
+        st.order
+            .push_back((id, ip, Arc::new(stream.try_clone().ok()?)));
+        Some(Ticket {
+            pending: self.clone(),
+            id: Some(id),
+        })
+    }
+}
+
+fn decrement(map: &mut HashMap<IpAddr, usize>, ip: IpAddr) {
+    if let Some(n) = map.get_mut(&ip) {
+        *n -= 1;
+        if *n == 0 {
+            map.remove(&ip);
+        }
+    }
+}
+
+impl Ticket {
+    fn release(&mut self) {
+        let Some(id) = self.id.take() else { return };
+        let mut st = self.pending.state.lock().expect("no panics while held");
+        if let Some(at) = st.order.iter().position(|(i, _, _)| *i == id) {
+            let (_, ip, _) = st.order.remove(at).expect("found");
+            decrement(&mut st.per_address, ip);
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Failed authentications per address, within a minute.
+#[derive(Default)]
+struct Failures(Mutex<HashMap<IpAddr, (u32, Instant)>>);
+
+const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+
+impl Failures {
+    fn blocked(&self, ip: IpAddr, max: u32) -> bool {
+        let map = self.0.lock().expect("no panics while held");
+        map.get(&ip)
+            .is_some_and(|(n, since)| *n >= max && since.elapsed() < FAILURE_WINDOW)
+    }
+
+    fn record(&self, ip: IpAddr) {
+        let mut map = self.0.lock().expect("no panics while held");
+        if map.len() > 4096 {
+            map.retain(|_, (_, since)| since.elapsed() < FAILURE_WINDOW);
+        }
+        let entry = map.entry(ip).or_insert((0, Instant::now()));
+        if entry.1.elapsed() >= FAILURE_WINDOW {
+            *entry = (0, Instant::now());
+        }
+        entry.0 += 1;
+    }
 }
 
 /// A listening server.
 pub struct Server {
     listener: TcpListener,
-    root: Arc<Root>,
-    secret: Arc<Vec<u8>>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    root: Root,
+    secret: Vec<u8>,
     limits: ServerLimits,
-    registry: Arc<Registry>,
-    pending: Arc<AtomicUsize>,
-    sessions: Arc<AtomicUsize>,
+    state: Option<StateDir>,
+    registry: Registry,
+    pending: Arc<Pending>,
+    failures: Failures,
+    sessions: AtomicUsize,
+    /// Every session's cancel token, to stop them all.
+    stopping: Cancel,
 }
 
 impl Server {
@@ -110,16 +270,26 @@ impl Server {
         limits: ServerLimits,
     ) -> Result<Server, Error> {
         let root = Root::open(root)?;
+        let state = limits
+            .state_dir
+            .as_deref()
+            .map(StateDir::open)
+            .transpose()?;
         let listener =
             TcpListener::bind(addr).map_err(|e| Error::network("listening on", addr, e))?;
         Ok(Server {
             listener,
-            root: Arc::new(root),
-            secret: Arc::new(secret),
-            limits,
-            registry: Arc::default(),
-            pending: Arc::default(),
-            sessions: Arc::default(),
+            shared: Arc::new(Shared {
+                root,
+                secret,
+                limits,
+                state,
+                registry: Registry::default(),
+                pending: Arc::default(),
+                failures: Failures::default(),
+                sessions: AtomicUsize::new(0),
+                stopping: Cancel::default(),
+            }),
         })
     }
 
@@ -129,307 +299,566 @@ impl Server {
             .map_err(|e| Error::network("listening on", "local socket", e))
     }
 
-    /// Accepts connections until `stop` is set (checked between connections).
-    pub fn serve(&self, stop: &Cancel) -> Result<(), Error> {
-        for conn in self.listener.incoming() {
-            if stop.is_cancelled() {
-                break;
+    /// Removes what transfers abandoned for longer than `--keep-partial` left, and gives
+    /// back space reserved beyond what interrupted ones verified; logs what it did.
+    fn collect_garbage(shared: &Shared) {
+        if let Some(state) = &shared.state {
+            for line in state.collect_garbage(shared.limits.keep_partial) {
+                tracing::info!("{line}");
             }
-            let stream = match conn {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!("accept failed: {e}");
-                    std::thread::sleep(Duration::from_millis(10));
-                    continue;
+        }
+    }
+
+    /// Accepts connections until `cancel` is set, then drains: no new connection, every
+    /// session ends (keeping partial files for a later run), within the drain timeout.
+    pub fn serve(&self, cancel: &Cancel) -> Result<(), Error> {
+        Server::collect_garbage(&self.shared);
+        let gc = {
+            let shared = self.shared.clone();
+            let every = (self.shared.limits.keep_partial / 4)
+                .clamp(Duration::from_secs(60), Duration::from_secs(3600));
+            std::thread::Builder::new()
+                .name("wanxfer-gc".into())
+                .spawn(move || {
+                    let mut last = Instant::now();
+                    while !shared.stopping.is_cancelled() {
+                        std::thread::sleep(Duration::from_millis(200));
+                        if last.elapsed() >= every {
+                            Server::collect_garbage(&shared);
+                            last = Instant::now();
+                        }
+                    }
+                })
+                .ok()
+        };
+        self.listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::network("listening on", "local socket", e))?;
+        while !cancel.is_cancelled() {
+            match self.listener.accept() {
+                Ok((stream, addr)) => self.admit(stream, addr),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(5));
                 }
-            };
-            self.admit(stream);
+                Err(e) => {
+                    // Out of descriptors, say: wait and go on rather than exit.
+                    tracing::warn!("accept: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+        self.drain();
+        if let Some(gc) = gc {
+            let _ = gc.join();
         }
         Ok(())
     }
 
-    fn admit(&self, stream: TcpStream) {
-        let peer = stream
-            .peer_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|_| "unknown peer".into());
-        if self.pending.fetch_add(1, Ordering::SeqCst) >= self.limits.max_pending {
-            self.pending.fetch_sub(1, Ordering::SeqCst);
-            tracing::warn!("refusing {peer}: too many connections still authenticating");
-            return;
+    fn drain(&self) {
+        let running = self.shared.sessions.load(Ordering::SeqCst);
+        tracing::info!("stopping: no new connections; ending {running} session(s)");
+        self.shared.stopping.cancel();
+        let deadline = Instant::now() + self.shared.limits.drain_timeout;
+        while self.shared.sessions.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
         }
-        let conn = Connection {
-            root: self.root.clone(),
-            secret: self.secret.clone(),
-            limits: self.limits.clone(),
-            registry: self.registry.clone(),
-            pending: PendingGuard(Some(self.pending.clone())),
-            sessions: self.sessions.clone(),
-            peer: peer.clone(),
+        let left = self.shared.sessions.load(Ordering::SeqCst);
+        if left == 0 {
+            tracing::info!(
+                "stopped: every session ended, partial files kept for their transfers to resume"
+            );
+        } else {
+            tracing::warn!(
+                "stopped with {left} session(s) still ending after {:?}",
+                self.shared.limits.drain_timeout
+            );
+        }
+    }
+
+    fn admit(&self, stream: TcpStream, addr: SocketAddr) {
+        let _ = stream.set_nonblocking(false);
+        let peer = addr.to_string();
+        let Some(ticket) = self
+            .shared
+            .pending
+            .admit(addr.ip(), &stream, &self.shared.limits)
+        else {
+            tracing::debug!("{peer}: too many unauthenticated connections from this address");
+            return;
         };
+        let shared = self.shared.clone();
         let spawned = std::thread::Builder::new()
             .name("wanxfer-conn".into())
-            .spawn(move || conn.run(stream));
+            .spawn(move || {
+                let connection = Connection {
+                    shared,
+                    ticket,
+                    peer,
+                    ip: addr.ip(),
+                };
+                connection.run(stream);
+            });
         if let Err(e) = spawned {
-            tracing::error!("cannot start a thread for {peer}: {e}");
+            tracing::error!("cannot start a thread for {addr}: {e}");
         }
-    }
-}
-
-/// Counts a connection as pending until it authenticates or ends.
-struct PendingGuard(Option<Arc<AtomicUsize>>);
-
-impl PendingGuard {
-    fn release(&mut self) {
-        if let Some(p) = self.0.take() {
-            p.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-}
-
-impl Drop for PendingGuard {
-    fn drop(&mut self) {
-        self.release();
     }
 }
 
 struct Connection {
-    root: Arc<Root>,
-    secret: Arc<Vec<u8>>,
-    limits: ServerLimits,
-    registry: Arc<Registry>,
-    pending: PendingGuard,
-    sessions: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
+    ticket: Ticket,
     peer: String,
+    ip: IpAddr,
 }
 
 impl Connection {
     fn run(mut self, mut stream: TcpStream) {
-        tune_socket(&stream, self.limits.stall_timeout);
-        let _ = stream.set_read_timeout(Some(self.limits.handshake_timeout));
-        let result = match read_preamble(&mut stream, &self.peer) {
-            Ok(ConnectionKind::Control) => self.control(stream),
-            Ok(ConnectionKind::Data) => self.join_channel(stream),
-            Ok(_) => Err(Error::protocol(&self.peer, "unknown connection kind")),
-            Err(e) => Err(e),
-        };
-        match result {
-            Ok(()) => {}
-            Err(e) => tracing::warn!("session with {}: {e}", self.peer),
+        let limits = &self.shared.limits;
+        conn::tune_socket(&stream, limits.stall_timeout);
+        let deadline = Deadline::after(limits.handshake_timeout);
+        let result = random().and_then(|nonce| {
+            let mut handshake = ServerHandshake::new(&self.shared.secret, nonce, self.features());
+            conn::write_all_by(
+                &mut stream,
+                &conn::greeting(&handshake.hello()),
+                deadline,
+                &self.peer,
+            )?;
+            match conn::read_preamble(&mut stream, deadline, &self.peer)? {
+                ConnectionKind::Control => self.control(stream, deadline, &mut handshake),
+                ConnectionKind::Data => self.join_channel(stream, deadline, &nonce),
+                _ => Err(Error::protocol(&self.peer, "not a client's connection")),
+            }
+        });
+        if let Err(e) = result {
+            match e {
+                Error::Network { .. } => tracing::debug!("connection from {}: {e}", self.peer),
+                _ => tracing::warn!("session with {}: {e}", self.peer),
+            }
         }
     }
 
-    fn join_channel(&mut self, mut stream: TcpStream) -> Result<(), Error> {
-        let mut reply = Control::new(&stream, self.peer.clone())?;
-        let Message::ChannelJoin(join) = read_message(&mut stream, &self.peer)? else {
+    fn features(&self) -> u64 {
+        let mut offered = features::SUPPORTED;
+        if self.shared.limits.fabric_provider.is_none() {
+            offered &= !features::FABRIC;
+        }
+        if self.shared.state.is_none() {
+            offered &= !features::RESUME;
+        }
+        offered
+    }
+
+    fn refuse(stream: &mut TcpStream, class: FailureClass, text: &str, peer: &str) {
+        let msg = Message::Error(ErrorMsg::new(class, text));
+        let _ = conn::write_all_by(
+            stream,
+            &conn::frames(&[&msg]),
+            Deadline::after(Duration::from_secs(1)),
+            peer,
+        );
+    }
+
+    fn join_channel(
+        &mut self,
+        mut stream: TcpStream,
+        deadline: Deadline,
+        nonce: &[u8; 32],
+    ) -> Result<(), Error> {
+        let Message::ChannelJoin(join) = conn::read_message_by(&mut stream, deadline, &self.peer)?
+        else {
             return Err(Error::protocol(
                 &self.peer,
                 "a data channel must start by joining",
             ));
         };
-        let sessions = self.registry.sessions.lock().expect("no panics while held");
-        let found = sessions.get(&join.session_id).filter(|(auth, streams, _)| {
-            join.index < *streams && auth.verify_channel(&join.session_id, join.index, &join.proof)
-        });
-        let Some((_, _, joins)) = found else {
-            drop(sessions);
-            let refusal = ErrorMsg::new(FailureClass::Auth, "unknown session or bad channel proof");
-            let _ = reply.send(&Message::Error(refusal));
+        let sessions = self
+            .shared
+            .registry
+            .sessions
+            .lock()
+            .expect("no panics while held");
+        let found = sessions
+            .get(&join.session_id)
+            .filter(|e| {
+                e.auth
+                    .verify_channel(&join.session_id, join.index, nonce, &join.proof)
+            })
+            .map(|e| e.events.clone());
+        drop(sessions);
+        let Some(events) = found else {
+            Self::refuse(
+                &mut stream,
+                FailureClass::Auth,
+                "unknown session or bad channel proof",
+                &self.peer,
+            );
             return Err(Error::Auth {
                 peer: self.peer.clone(),
                 detail: "data channel with an unknown session or a bad proof".into(),
             });
         };
-        let joins = joins.clone();
-        drop(sessions);
-        reply.send(&Message::ChannelAccepted { index: join.index })?;
-        self.pending.release();
+        conn::write_all_by(
+            &mut stream,
+            &conn::frames(&[&Message::ChannelAccepted { index: join.index }]),
+            deadline,
+            &self.peer,
+        )?;
+        self.ticket.release();
         let _ = stream.set_read_timeout(None);
-        joins
-            .send((join.index, stream))
-            .map_err(|_| Error::protocol(&self.peer, "channel for a session that has ended"))
+        let _ = stream.set_write_timeout(None);
+        events
+            .try_send(Event::Joined(Joined { stream, join }))
+            .map_err(|_| {
+                Error::Limit(format!(
+                    "{}: a data channel for a session that is ending or full",
+                    self.peer
+                ))
+            })
     }
 
-    fn control(&mut self, mut stream: TcpStream) -> Result<(), Error> {
-        let mut control = Control::new(&stream, self.peer.clone())?;
-        let auth = self.authenticate(&mut stream, &mut control)?;
-        self.pending.release();
-        if self.sessions.fetch_add(1, Ordering::SeqCst) >= self.limits.max_sessions {
-            self.sessions.fetch_sub(1, Ordering::SeqCst);
-            let busy = ErrorMsg::new(
-                FailureClass::Limit,
-                "server busy: too many sessions, retry later",
+    fn control(
+        &mut self,
+        mut stream: TcpStream,
+        deadline: Deadline,
+        handshake: &mut ServerHandshake,
+    ) -> Result<(), Error> {
+        if self
+            .shared
+            .failures
+            .blocked(self.ip, self.shared.limits.max_auth_failures)
+        {
+            Self::refuse(
+                &mut stream,
+                FailureClass::Auth,
+                "too many failed authentications from this address: wait a minute",
+                &self.peer,
             );
-            let _ = control.send(&Message::Error(busy));
-            return Err(Error::Limit("too many sessions".into()));
+            return Err(Error::Auth {
+                peer: self.peer.clone(),
+                detail: "turned away after repeated failed authentications".into(),
+            });
         }
-        let result = self.session(stream, control, auth);
-        self.sessions.fetch_sub(1, Ordering::SeqCst);
-        result
-    }
-
-    fn authenticate(
-        &self,
-        stream: &mut TcpStream,
-        control: &mut Control,
-    ) -> Result<Authenticated, Error> {
-        let mut handshake = ServerHandshake::new(&self.secret, random()?, features::SUPPORTED);
-        loop {
-            let msg = read_message(stream, &self.peer)?;
+        let auth = loop {
+            let msg = conn::read_message_by(&mut stream, deadline, &self.peer)?;
             match handshake.handle(msg) {
-                Ok(Step::Send(reply)) => control.send(&reply)?,
-                Ok(Step::SendAndDone(reply, auth)) => {
-                    control.send(&reply)?;
-                    return Ok(auth);
+                Ok(Step::Wait) => {}
+                Ok(Step::Send(reply)) => {
+                    conn::write_all_by(&mut stream, &conn::frames(&[&reply]), deadline, &self.peer)?
                 }
-                Ok(Step::Done(auth)) => return Ok(auth),
+                Ok(Step::SendAndDone(reply, auth)) => {
+                    conn::write_all_by(
+                        &mut stream,
+                        &conn::frames(&[&reply]),
+                        deadline,
+                        &self.peer,
+                    )?;
+                    break auth;
+                }
+                Ok(Step::Done(auth)) => break auth,
                 Err(e) => {
-                    let _ = control.send(&ServerHandshake::auth_failed());
+                    if e == wanxfer_proto::handshake::HandshakeError::BadProof {
+                        self.shared.failures.record(self.ip);
+                    }
+                    let _ = conn::write_all_by(
+                        &mut stream,
+                        &conn::frames(&[&ServerHandshake::auth_failed()]),
+                        deadline,
+                        &self.peer,
+                    );
                     return Err(Error::handshake(&self.peer, e));
                 }
             }
+        };
+        self.ticket.release();
+        let request = match conn::read_message_by(&mut stream, deadline, &self.peer)? {
+            Message::OpenSession(o) => o,
+            _ => return Err(Error::protocol(&self.peer, "expected a request")),
+        };
+        if self.shared.sessions.fetch_add(1, Ordering::SeqCst) >= self.shared.limits.max_sessions {
+            self.shared.sessions.fetch_sub(1, Ordering::SeqCst);
+            Self::refuse(
+                &mut stream,
+                FailureClass::Limit,
+                "server busy: too many sessions, retry later",
+                &self.peer,
+            );
+            return Err(Error::Limit("too many sessions".into()));
         }
+        let result = self.session(stream, auth, request);
+        self.shared.sessions.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+
+    /// Ends a running session of the same transfer (the client is retrying after a
+    /// failure this side has not noticed yet) and takes its place.
+    fn claim_transfer(
+        &self,
+        transfer_id: [u8; 16],
+        cancel: &Cancel,
+    ) -> Arc<(Mutex<bool>, Condvar)> {
+        let done = Arc::new((Mutex::new(false), Condvar::new()));
+        let previous = self
+            .shared
+            .registry
+            .transfers
+            .lock()
+            .expect("no panics while held")
+            .insert(
+                transfer_id,
+                Running {
+                    cancel: cancel.clone(),
+                    done: done.clone(),
+                },
+            );
+        if let Some(previous) = previous {
+            tracing::info!(
+                "{}: a new session of a running transfer: ending the old one first",
+                self.peer
+            );
+            previous.cancel.cancel();
+            let (lock, ended) = &*previous.done;
+            let guard = lock.lock().expect("no panics while held");
+            let _ = ended.wait_timeout_while(guard, Duration::from_secs(30), |d| !*d);
+        }
+        done
+    }
+
+    fn release_transfer(&self, transfer_id: [u8; 16], done: &Arc<(Mutex<bool>, Condvar)>) {
+        let mut transfers = self
+            .shared
+            .registry
+            .transfers
+            .lock()
+            .expect("no panics while held");
+        if transfers
+            .get(&transfer_id)
+            .is_some_and(|r| Arc::ptr_eq(&r.done, done))
+        {
+            transfers.remove(&transfer_id);
+        }
+        drop(transfers);
+        let (lock, ended) = &**done;
+        *lock.lock().expect("no panics while held") = true;
+        ended.notify_all();
     }
 
     fn session(
         &self,
-        mut stream: TcpStream,
-        mut control: Control,
+        stream: TcpStream,
         auth: Authenticated,
+        request: OpenSession,
     ) -> Result<(), Error> {
-        let request = match read_message(&mut stream, &self.peer)? {
-            Message::OpenSession(o) => o,
-            other => {
-                return Err(Error::protocol(
-                    &self.peer,
-                    format!("expected a request, got {other:?}"),
-                ))
-            }
-        };
-        let session_id: [u8; 16] = random()?;
-        let (accepted, mut params) = self.clamp(&request, &session_id);
-        params.resolve_io(peer_on_this_host(&stream));
-        let prepared = self.prepare_role(&request, &params).and_then(|role| {
-            let listener = self.fabric_listener(&request, &stream)?;
-            Ok((role, listener))
-        });
-        let (role, mut fabric) = match prepared {
-            Ok(prepared) => prepared,
-            Err(e) => {
-                let _ = control.send(&Message::Error(ErrorMsg::new(
-                    e.wire_class(),
-                    &e.to_string(),
-                )));
-                return Err(e);
-            }
-        };
-        if fabric.is_some() {
-            // RDMA writes go from pool buffers: file bytes must be read into them.
-            params.io = crate::source::IoMode::Copy;
-        }
-        let (joins_tx, joins_rx) = crossbeam_channel::bounded(usize::from(params.streams));
-        self.registry
-            .sessions
-            .lock()
-            .expect("no panics while held")
-            .insert(session_id, (auth, params.streams, joins_tx));
-        let channels = control
-            .send(&Message::SessionAccepted(accepted))
-            .and_then(|()| match &fabric {
-                Some((_, endpoint)) => control.send(&Message::FabricEndpoint(endpoint.clone())),
-                None => Ok(()),
-            })
-            .and_then(|()| self.collect_channels(&joins_rx, params.streams));
-        let auth = self
-            .registry
-            .sessions
-            .lock()
-            .expect("no panics while held")
-            .remove(&session_id)
-            .map(|(auth, _, _)| auth);
-        let channels = channels?;
-        let fabric_channels = match (&mut fabric, auth) {
-            (Some((listener, _)), Some(auth)) => fabric::accept_channels(
-                listener,
-                SlotPlan::new(params.block_size, params.depth),
-                &auth,
-                &session_id,
-                params.streams,
-                &self.peer,
-            )?,
-            _ => Vec::new(),
-        };
-        drop(fabric);
-        let _ = stream.set_read_timeout(None);
-        let (incoming, reader) = spawn_reader(&stream, self.peer.clone())?;
-        let meter = Arc::new(CpuMeter::default());
-        let progress = Arc::new(Progress::default());
-        let mut core = Core::new(
-            control,
-            incoming,
-            channels,
-            params,
-            progress.clone(),
-            meter.clone(),
-        );
-        core.fabric = fabric_channels;
-        let started = std::time::Instant::now();
-        let (verb, outcome) = match role {
-            Role::Send(source) => ("sent", run_sender(&mut core, &source)),
-            Role::Receive(sink) => ("received", run_receiver(&mut core, sink)),
-        };
-        let result = outcome.and_then(|outcome| {
-            await_finish(&mut core)?;
-            meter.add_this_thread();
-            let cpu = meter.total();
-            let stats = Stats {
-                cpu_user_us: cpu.user_us,
-                cpu_sys_us: cpu.sys_us,
-                bytes: progress.bytes.load(Ordering::Relaxed),
-                files: outcome.files_ok,
-                io_mode: outcome.io.mode.clone().into_bytes(),
-                direct_bytes: outcome.io.direct_bytes,
-                io_fallback: outcome.io.fallback.clone().unwrap_or_default().into_bytes(),
-            };
-            let secs = started.elapsed().as_secs_f64().max(1e-9);
-            tracing::info!(
-                "session with {}: {verb} {} bytes in {} files ({} failed) in {secs:.2} s, {:.2} Gbit/s, CPU {:.2} s",
-                self.peer,
-                stats.bytes,
-                stats.files,
-                outcome.failures.len(),
-                stats.bytes as f64 * 8.0 / secs / 1e9,
-                cpu.seconds(),
-            );
-            core.control.send(&Message::Stats(stats))
-        });
-        let _ = stream.shutdown(std::net::Shutdown::Both);
-        let _ = reader.join();
+        let cancel = Cancel::default();
+        let done = self.claim_transfer(request.transfer_id, &cancel);
+        // A bug in one session must not leak its place or its transfer.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.run_session(stream, auth, &request, cancel)
+        }))
+        .unwrap_or_else(|_| Err(Error::Internal("a session thread panicked".into())));
+        self.release_transfer(request.transfer_id, &done);
         result
     }
 
-    /// The agreed parameters: the client's wishes within our limits, with the pool's
-    /// depth lowered until it fits this server's memory bound.
-    fn clamp(&self, req: &OpenSession, session_id: &[u8; 16]) -> (SessionAccepted, Params) {
-        let l = &self.limits;
-        let mut accepted = SessionAccepted {
-            session_id: *session_id,
-            streams: req.streams.clamp(1, l.max_streams),
-            block_size: req
-                .block_size
-                .clamp(64 << 10, l.max_block_size.min(MAX_BLOCK_PAYLOAD)),
-            depth: req.depth.clamp(1, l.max_depth),
-            window: req.window.clamp(1, l.max_window),
-            flags: req.flags,
+    fn run_session(
+        &self,
+        mut stream: TcpStream,
+        auth: Authenticated,
+        request: &OpenSession,
+        cancel: Cancel,
+    ) -> Result<(), Error> {
+        let shared = &self.shared;
+        let l = &shared.limits;
+        let session_id: [u8; 16] = random()?;
+        let receiving = request.direction == Direction::Push;
+        let prepared = self.prepare(request);
+        let (role, wire_placement) = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                Self::refuse(&mut stream, e.wire_class(), &self.relative(&e), &self.peer);
+                return Err(e);
+            }
         };
-        let mut params = Params::from_accepted(&accepted, l.readers, l.writers, l.io);
-        while params.depth > 1
-            && params.pool_blocks() * params.block_size as usize > l.max_pool_bytes
-        {
-            params.depth -= 1;
+        let limits = Limits {
+            max_streams: l.max_streams,
+            max_block_size: l.max_block_size,
+            max_depth: l.max_depth,
+            max_window: l.max_window,
+            max_memory: l.max_session_memory,
+            disk_threads: if receiving { l.writers } else { l.readers } as u32,
+        };
+        let accepted = negotiate::clamp(request, &limits, session_id, wire_placement);
+        let tuning = Tuning {
+            readers: l.readers,
+            writers: l.writers,
+            io: l.io,
+            write: l.write,
+            stall_timeout: l.stall_timeout,
+            compare: request.compare,
+            durable: l.durable,
+            ..Tuning::default()
+        };
+        let mut params =
+            Params::from_accepted(&accepted, &request.transfer_id, &tuning, auth.negotiated());
+        params.resolve_io(conn::peer_on_this_host(&stream));
+        let fabric = match self.fabric_listener(request, &stream) {
+            Ok(f) => f,
+            Err(e) => {
+                Self::refuse(&mut stream, e.wire_class(), &e.to_string(), &self.peer);
+                return Err(e);
+            }
+        };
+        let session_cancel = Cancel::linked(&[&cancel, &shared.stopping]);
+        // Registered before the client learns the session's id, so that its data
+        // connections, which it opens at once, find it.
+        let events = crossbeam_channel::bounded(super::driver::EVENT_QUEUE);
+        shared
+            .registry
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                session_id,
+                Entry {
+                    auth,
+                    events: events.0.clone(),
+                },
+            );
+        let _registered = Registered(&shared.registry, session_id);
+        let transport: Arc<dyn crate::transport::Transport> = match fabric {
+            Some((listener, endpoint)) => {
+                // RDMA writes go from pool buffers: file bytes must be read into them.
+                params.io = crate::source::IoMode::Copy;
+                let transport = FabricTransport::server(
+                    listener,
+                    SlotPlan::new(params.block_size, params.depth),
+                    params.session_tag,
+                    params.block_size as usize,
+                    self.peer.clone(),
+                    session_cancel.clone(),
+                )?;
+                conn::write_all_by(
+                    &mut stream,
+                    &conn::frames(&[
+                        &Message::SessionAccepted(accepted.clone()),
+                        &Message::FabricEndpoint(endpoint),
+                    ]),
+                    Deadline::after(l.handshake_timeout),
+                    &self.peer,
+                )?;
+                Arc::new(transport)
+            }
+            None => {
+                conn::write_all_by(
+                    &mut stream,
+                    &conn::frames(&[&Message::SessionAccepted(accepted.clone())]),
+                    Deadline::after(l.handshake_timeout),
+                    &self.peer,
+                )?;
+                Arc::new(TcpTransport {
+                    peer: self.peer.clone(),
+                    block_size: params.block_size as usize,
+                    session_tag: params.session_tag,
+                    io: params.io,
+                })
+            }
+        };
+        let _ = stream.set_read_timeout(None);
+        let _ = stream.set_write_timeout(None);
+        let progress = Arc::new(Progress::default());
+        let started = Instant::now();
+        let meter = Arc::new(CpuMeter::default());
+        let (role, sink) = match role {
+            Role::Send(source) => (Role::Send(source), None),
+            Role::Receive(target) => {
+                let report_to = events.0.clone();
+                let report: crate::commit::Report = Arc::new(move |id, result| {
+                    let _ = report_to.send(Event::Resolved { id, result });
+                });
+                let journal = match (&shared.state, &target) {
+                    (Some(state), Some(_)) => Some(Arc::new(
+                        state.journal(request.transfer_id, shared.root.path())?,
+                    )),
+                    _ => None,
+                };
+                let sink = Arc::new(Sink::new(
+                    target,
+                    self.peer.clone(),
+                    params.transfer_tag,
+                    params.check_flags(),
+                    SinkLimits {
+                        max_open_files: l.max_open_files,
+                        write: l.write,
+                        compare: request.compare,
+                        durable: l.durable,
+                        block_size: u64::from(params.block_size),
+                        checkpoint_bytes: super::client::checkpoint_bytes(&params),
+                    },
+                    journal,
+                    report,
+                )?);
+                (Role::Receive(None), Some(sink))
+            }
+        };
+        let stats_sink = sink.clone();
+        let stats_meter = meter.clone();
+        let direction = if receiving { "received" } else { "sent" };
+        let setup = Setup {
+            params: params.clone(),
+            peer: self.peer.clone(),
+            transport,
+            progress: progress.clone(),
+            meter: meter.clone(),
+            cancel: session_cancel,
+            opener: None,
+            stats: Some(Box::new(move |outcome: &Outcome, progress: &Progress| {
+                let cpu = stats_meter.total();
+                let io = match &stats_sink {
+                    Some(sink) => sink.io_use(),
+                    None => outcome.io.clone(),
+                };
+                Stats {
+                    cpu_user_us: cpu.user_us,
+                    cpu_sys_us: cpu.sys_us,
+                    bytes: progress.bytes.load(Ordering::Relaxed),
+                    files: outcome.files_ok,
+                    io_mode: io.mode.into_bytes(),
+                    direct_bytes: io.direct_bytes,
+                    io_fallback: io.fallback.unwrap_or_default().into_bytes(),
+                }
+            })),
+        };
+        let driver = Driver::new(setup, &stream, events)?;
+        let outcome = match (role, sink) {
+            (Role::Send(source), _) => driver.send(&source),
+            (_, Some(sink)) => driver.receive(sink),
+            _ => Err(Error::Internal("a session with no role".into())),
+        };
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+        let secs = started.elapsed().as_secs_f64().max(1e-9);
+        let bytes = progress.bytes.load(Ordering::Relaxed);
+        match &outcome {
+            Ok(o) => tracing::info!(
+                "session with {}: {direction} {bytes} bytes in {} files ({} up to date, {} failed) in {secs:.2} s, {:.2} Gbit/s, CPU {:.2} s",
+                self.peer,
+                o.files_ok,
+                o.up_to_date,
+                o.failures.len(),
+                bytes as f64 * 8.0 / secs / 1e9,
+                meter.total().seconds(),
+            ),
+            Err(e) => tracing::warn!("session with {} ended: {e} ({bytes} bytes {direction} first; partial files kept to resume)", self.peer),
         }
-        accepted.depth = params.depth;
-        (accepted, params)
+        outcome.map(drop)
+    }
+
+    /// An error as the client sees it: paths relative to the served root, never the
+    /// server's own.
+    fn relative(&self, e: &Error) -> String {
+        let root = self.shared.root.path().display().to_string();
+        e.to_string()
+            .replace(&format!("{root}/"), "")
+            .replace(&root, ".")
     }
 
     /// For a fabric session, this session's own listener (on the address the client
@@ -444,7 +873,7 @@ impl Connection {
             TransportKind::Fabric => {}
             _ => return Err(Error::Usage("unknown transport".into())),
         }
-        let Some(provider) = &self.limits.fabric_provider else {
+        let Some(provider) = &self.shared.limits.fabric_provider else {
             return Err(Error::Usage(
                 "this server offers only the tcp transport (start it with --transport fabric)"
                     .into(),
@@ -464,7 +893,9 @@ impl Connection {
         Ok(Some((listener, endpoint)))
     }
 
-    fn prepare_role(&self, req: &OpenSession, params: &Params) -> Result<Role, Error> {
+    /// The session's role, and for a push where its sources land.
+    fn prepare(&self, req: &OpenSession) -> Result<(Role, wanxfer_proto::Placement), Error> {
+        let root = &self.shared.root;
         match req.direction {
             Direction::Push => {
                 let [dest] = req.paths.as_slice() else {
@@ -472,87 +903,69 @@ impl Connection {
                 };
                 let discard =
                     req.flags & session_flags::DISCARD != 0 || dest.as_bytes() == DISCARD_PATH;
-                let target = if discard {
-                    None
-                } else {
-                    let placement = Placement::resolve(&self.root, dest, req.source_count)?;
-                    Some((self.root.try_clone()?, placement))
-                };
-                let limits = SinkLimits {
-                    max_open_files: self.limits.max_open_files,
-                    write: self.limits.write,
-                };
-                let sink = Sink::new(
-                    target,
-                    self.peer.clone(),
-                    params.session_tag,
-                    params.check_flags(),
-                    limits,
-                );
-                Ok(Role::Receive(Arc::new(sink)))
+                if discard {
+                    return Ok((Role::Receive(None), wanxfer_proto::Placement::Into));
+                }
+                if dest
+                    .split_first()
+                    .is_some_and(|(first, _)| first == crate::sink::RESERVED_NAME)
+                {
+                    return Err(Error::Refused {
+                        path: dest.to_string(),
+                        reason: "the name is reserved".into(),
+                    });
+                }
+                let (placement, wire) =
+                    Placement::decide(root, dest, req.source_count, req.placement)?;
+                Ok((Role::Receive(Some((root.try_clone()?, placement))), wire))
             }
             Direction::Pull => {
                 let synthetic = req.flags & session_flags::SYNTHETIC_SOURCE != 0;
                 if synthetic && req.paths.iter().all(|p| p.as_bytes() == SYNTHETIC_PATH) {
-                    return Ok(Role::Send(Source::Synthetic {
-                        bytes: req.synthetic_bytes,
-                    }));
+                    return Ok((
+                        Role::Send(Source::Synthetic {
+                            bytes: req.synthetic_bytes,
+                        }),
+                        wanxfer_proto::Placement::Resolve,
+                    ));
                 }
                 if req.paths.is_empty() {
                     return Err(Error::Usage("a pull names at least one source".into()));
                 }
-                Ok(Role::Send(Source::beneath(&self.root, &req.paths)?))
+                if req.paths.iter().any(|p| {
+                    p.split_first()
+                        .is_some_and(|(first, _)| first == crate::sink::RESERVED_NAME)
+                }) {
+                    return Err(Error::Refused {
+                        path: String::from_utf8_lossy(crate::sink::RESERVED_NAME).into_owned(),
+                        reason: "the name is reserved".into(),
+                    });
+                }
+                Ok((
+                    Role::Send(Source::beneath(root, &req.paths)?),
+                    wanxfer_proto::Placement::Resolve,
+                ))
             }
             _ => Err(Error::Usage("unknown direction".into())),
         }
     }
+}
 
-    fn collect_channels(
-        &self,
-        joins: &Receiver<(u16, TcpStream)>,
-        streams: u16,
-    ) -> Result<Vec<TcpStream>, Error> {
-        let mut slots: Vec<Option<TcpStream>> = (0..streams).map(|_| None).collect();
-        let deadline = std::time::Instant::now() + self.limits.handshake_timeout;
-        while slots.iter().any(Option::is_none) {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let (index, stream) = joins.recv_timeout(left).map_err(|_| {
-                Error::network(
-                    "waiting for data channels from",
-                    &self.peer,
-                    std::io::Error::new(std::io::ErrorKind::TimedOut, "not all channels arrived"),
-                )
-            })?;
-            let slot = &mut slots[usize::from(index)];
-            if slot.is_some() {
-                return Err(Error::protocol(&self.peer, "the same channel joined twice"));
-            }
-            *slot = Some(stream);
-        }
-        Ok(slots
-            .into_iter()
-            .map(|s| s.expect("all slots filled"))
-            .collect())
+/// Removes a session from the registry however it ends.
+struct Registered<'a>(&'a Registry, [u8; 16]);
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.0
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.1);
     }
 }
 
 enum Role {
     Send(Source),
-    Receive(Arc<Sink>),
-}
-
-fn await_finish(core: &mut Core) -> Result<(), Error> {
-    loop {
-        match core.incoming.recv().map_err(|_| Error::Cancelled)?? {
-            Message::Finish => return Ok(()),
-            Message::FileAck { .. } | Message::ManifestAck { .. } => {}
-            Message::Error(e) => return Err(Error::remote(&core.control.peer, &e)),
-            other => {
-                return Err(Error::protocol(
-                    &core.control.peer,
-                    format!("expected the end of the session, got {other:?}"),
-                ))
-            }
-        }
-    }
+    /// Where pushed files land; `None` discards (memory to memory).
+    Receive(Option<(Root, Placement)>),
 }

@@ -25,23 +25,24 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use subtle::ConstantTimeEq;
 use wanxfer_fabric::{
     Access, AlignedBuf, Channel, ChannelConfig, Credit, Event, FabricConfig, Listener,
 };
-use wanxfer_proto::handshake::Authenticated;
 use wanxfer_proto::{
-    decode_frame, encode_frame, BlockHeader, ChannelJoin, Message, Segment, MAX_SEGMENTS,
+    decode_frame, encode_frame, BlockHeader, ChannelJoin, Message, Segment, TransportKind,
 };
+use wanxfer_session::negotiate::{fabric_slot_len, FABRIC_HEADER_ROOM};
 
-use super::check_header;
+use super::{check_header, seg_refs, Closer, Joined, Link, LinkEvent, PumpCtx, Transport};
 use crate::digest::PayloadVerifier;
 use crate::fs::DIRECT_ALIGN;
 use crate::pool::{Block, Cancel, Pool, SlotArena, CANCEL_POLL};
-use crate::progress::Progress;
 use crate::Error;
 
 /// The control message that ends a channel's blocks (after the last write completed).
@@ -53,6 +54,9 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// While writes are in flight, how long the sender sleeps on the completion queue before
 /// looking at its block queue again.
 const BUSY_WAIT: Duration = Duration::from_millis(1);
+
+/// How long a joined data connection waits for its fabric channel to arrive.
+const PAIRING_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What libfabric discovery chose, as reported to the user.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -68,16 +72,16 @@ pub struct SlotPlan {
     /// Slots (credits) per channel.
     pub slots: u32,
     /// Bytes per slot: room for the largest header and segment table, padded to a page,
-    /// plus one block, rounded up to a page so that every slot starts on one.
+    /// plus one block, rounded up to a page so that every slot starts on one (the session
+    /// crate's `fabric_slot_len`, which the memory budget counts).
     pub slot_len: usize,
 }
 
 impl SlotPlan {
     pub fn new(block_size: u32, depth: u16) -> SlotPlan {
-        let slot_len = HEADER_ROOM + block_size as usize;
         SlotPlan {
             slots: u32::from(depth) + 1,
-            slot_len: slot_len.next_multiple_of(DIRECT_ALIGN),
+            slot_len: fabric_slot_len(block_size) as usize,
         }
     }
 
@@ -91,8 +95,7 @@ impl SlotPlan {
 }
 
 /// Room for the largest header and segment table, padded as [`payload_offset`] pads.
-const HEADER_ROOM: usize =
-    BlockHeader::encoded_len(MAX_SEGMENTS as usize).next_multiple_of(DIRECT_ALIGN);
+const HEADER_ROOM: usize = FABRIC_HEADER_ROOM as usize;
 
 /// Where a block's payload starts in the bytes written to a slot, given where its
 /// segment table ends. A block lands in the slot as written, with no copy, and the writer
@@ -136,43 +139,220 @@ pub fn listen(provider: &str, ip: IpAddr) -> Result<(Listener, FabricNames), Err
     Ok((listener, names))
 }
 
-/// Server side: accepts one fabric connection per data channel, each proving it belongs
-/// to this session, and returns them in channel order.
-pub fn accept_channels(
-    listener: &mut Listener,
+/// libfabric endpoints beside each joined data connection: RDMA writes into slots the
+/// receiver grants. Each receiving link registers its own slot arena, so there is no
+/// shared receive pool.
+pub struct FabricTransport {
+    names: Mutex<Option<FabricNames>>,
+    peer: String,
     plan: SlotPlan,
-    auth: &Authenticated,
-    session_id: &[u8; 16],
-    streams: u16,
-    peer: &str,
-) -> Result<Vec<Channel>, Error> {
-    let mut channels: Vec<Option<Channel>> = (0..streams).map(|_| None).collect();
-    for _ in 0..streams {
-        let mut channel = Channel::accept(listener, &plan.channel_config())
-            .map_err(|e| fabric_error(peer, "accepting a fabric channel from", e))?;
-        let join = await_join(&mut channel, peer)?;
-        let index = usize::from(join.index);
-        let valid = join.session_id == *session_id
-            && join.index < streams
-            && auth.verify_channel(session_id, join.index, &join.proof);
-        if !valid {
-            return Err(Error::Auth {
-                peer: peer.to_string(),
-                detail: "fabric channel with an unknown session or a bad proof".into(),
-            });
-        }
-        if channels[index].replace(channel).is_some() {
-            return Err(Error::protocol(
-                peer,
-                "the same fabric channel joined twice",
-            ));
+    session_tag: u64,
+    max_payload: usize,
+    side: Side,
+}
+
+enum Side {
+    /// Dials the server's per-session fabric listener for each link.
+    Client { provider: String, addr: SocketAddr },
+    /// Pairs fabric channels, accepted by a thread of their own, with joined data
+    /// connections.
+    Server { pairing: Arc<Pairing> },
+}
+
+impl FabricTransport {
+    /// The client's side: `addr` is the server's fabric listener for this session.
+    pub fn client(
+        provider: &str,
+        addr: SocketAddr,
+        plan: SlotPlan,
+        session_tag: u64,
+        max_payload: usize,
+    ) -> Self {
+        FabricTransport {
+            names: Mutex::new(None),
+            peer: addr.to_string(),
+            plan,
+            session_tag,
+            max_payload,
+            side: Side::Client {
+                provider: provider.to_string(),
+                addr,
+            },
         }
     }
-    Ok(channels.into_iter().flatten().collect())
+
+    /// The server's side: accepts fabric channels on `listener` until `cancel`.
+    pub fn server(
+        mut listener: Listener,
+        plan: SlotPlan,
+        session_tag: u64,
+        max_payload: usize,
+        peer: String,
+        cancel: Cancel,
+    ) -> Result<Self, Error> {
+        let pairing = Arc::new(Pairing::default());
+        let (accepting, cfg, who) = (pairing.clone(), plan.channel_config(), peer.clone());
+        std::thread::Builder::new()
+            .name("wanxfer-faccept".into())
+            .spawn(move || accept_loop(&mut listener, &cfg, &accepting, &cancel, &who))
+            .map_err(|e| Error::local("start thread", "fabric acceptor", e))?;
+        Ok(FabricTransport {
+            names: Mutex::new(None),
+            peer,
+            plan,
+            session_tag,
+            max_payload,
+            side: Side::Server { pairing },
+        })
+    }
+
+    fn link(&self, channel: Channel, stream: TcpStream, index: u16) -> Box<dyn Link> {
+        self.names
+            .lock()
+            .expect("no panics while held")
+            .get_or_insert_with(|| names(&channel));
+        Box::new(FabricLink {
+            channel,
+            closer: Closer::new(&stream),
+            _binding: stream,
+            index,
+            plan: self.plan,
+            session_tag: self.session_tag,
+            max_payload: self.max_payload,
+            peer: self.peer.clone(),
+        })
+    }
+}
+
+impl Transport for FabricTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Fabric
+    }
+
+    fn receive_pool(&self, _buffers: usize, _block_size: usize) -> Option<Pool> {
+        None
+    }
+
+    fn connect(&self, joined: Joined) -> Result<Box<dyn Link>, Error> {
+        let Side::Client { provider, addr } = &self.side else {
+            return Err(Error::Internal(
+                "a server does not dial fabric channels".into(),
+            ));
+        };
+        let Joined { stream, join } = joined;
+        let index = join.index;
+        let mut channel =
+            Channel::connect(&fabric_config(provider), *addr, &self.plan.channel_config())
+                .map_err(|e| fabric_error(&self.peer, "connecting a fabric channel to", e))?;
+        let mut frame = Vec::new();
+        encode_frame(&Message::ChannelJoin(join), &mut frame);
+        channel
+            .send_control(&frame)
+            .map_err(|e| fabric_error(&self.peer, "joining a fabric channel at", e))?;
+        Ok(self.link(channel, stream, index))
+    }
+
+    /// The fabric channel presents the join its data connection presented: that proof is
+    /// bound to the data connection's server nonce, so it pairs the two and nothing else.
+    fn fabric_names(&self) -> Option<FabricNames> {
+        self.names.lock().expect("no panics while held").clone()
+    }
+
+    fn accept(&self, joined: Joined) -> Result<Box<dyn Link>, Error> {
+        let Side::Server { pairing } = &self.side else {
+            return Err(Error::Internal(
+                "a client does not accept fabric channels".into(),
+            ));
+        };
+        let Joined { stream, join } = joined;
+        let channel = pairing.wait(join.index, &join.proof, &self.peer)?;
+        Ok(self.link(channel, stream, join.index))
+    }
+}
+
+/// Fabric channels that arrived, waiting for their data connection, and the other way
+/// round: the two may come in either order.
+#[derive(Default)]
+struct Pairing {
+    arrived: Mutex<HashMap<u16, (Channel, [u8; 32])>>,
+    changed: Condvar,
+}
+
+/// Most fabric channels waiting for their data connection: beyond it, newcomers are
+/// turned away (an honest client never has more in flight than its streams).
+const MAX_UNPAIRED: usize = 64;
+
+impl Pairing {
+    fn wait(&self, index: u16, proof: &[u8; 32], peer: &str) -> Result<Channel, Error> {
+        let deadline = Instant::now() + PAIRING_TIMEOUT;
+        let mut arrived = self.arrived.lock().expect("no panics while held");
+        loop {
+            if let Some((channel, presented)) = arrived.remove(&index) {
+                if bool::from(presented.ct_eq(proof)) {
+                    return Ok(channel);
+                }
+                return Err(Error::Auth {
+                    peer: peer.to_string(),
+                    detail: format!("fabric channel {index} presented another connection's proof"),
+                });
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::network(
+                    "waiting for a fabric channel to join from",
+                    peer,
+                    std::io::ErrorKind::TimedOut.into(),
+                ));
+            }
+            arrived = self
+                .changed
+                .wait_timeout(arrived, left.min(CANCEL_POLL))
+                .expect("no panics while held")
+                .0;
+        }
+    }
+
+    fn arrive(&self, join: ChannelJoin, channel: Channel) -> bool {
+        let mut arrived = self.arrived.lock().expect("no panics while held");
+        if arrived.len() >= MAX_UNPAIRED || arrived.contains_key(&join.index) {
+            return false;
+        }
+        arrived.insert(join.index, (channel, join.proof));
+        self.changed.notify_all();
+        true
+    }
+}
+
+/// Accepts fabric channels until the session ends; each must join first.
+fn accept_loop(
+    listener: &mut Listener,
+    cfg: &ChannelConfig,
+    pairing: &Pairing,
+    cancel: &Cancel,
+    peer: &str,
+) {
+    while !cancel.is_cancelled() {
+        let mut channel = match Channel::accept_within(listener, cfg, Some(CANCEL_POLL)) {
+            Ok(channel) => channel,
+            Err(wanxfer_fabric::Error::Timeout { .. }) => continue,
+            Err(e) => {
+                tracing::warn!("fabric channel from {peer}: {e}");
+                continue;
+            }
+        };
+        match await_join(&mut channel, peer) {
+            Ok(join) if pairing.arrive(join, channel) => {}
+            Ok(join) => tracing::warn!(
+                "fabric channel {} from {peer} refused: a duplicate, or too many waiting",
+                join.index
+            ),
+            Err(e) => tracing::warn!("fabric channel from {peer}: {e}"),
+        }
+    }
 }
 
 fn await_join(channel: &mut Channel, peer: &str) -> Result<ChannelJoin, Error> {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + PAIRING_TIMEOUT;
     while Instant::now() < deadline {
         match channel
             .wait(Some(CANCEL_POLL))
@@ -204,39 +384,6 @@ fn await_join(channel: &mut Channel, peer: &str) -> Result<ChannelJoin, Error> {
     ))
 }
 
-/// Client side: connects one fabric channel per data channel to the server's listener and
-/// presents each channel's proof.
-pub fn connect_channels(
-    provider: &str,
-    addr: SocketAddr,
-    plan: SlotPlan,
-    auth: &Authenticated,
-    session_id: &[u8; 16],
-    streams: u16,
-) -> Result<Vec<Channel>, Error> {
-    let peer = addr.to_string();
-    (0..streams)
-        .map(|index| {
-            let mut channel =
-                Channel::connect(&fabric_config(provider), addr, &plan.channel_config())
-                    .map_err(|e| fabric_error(&peer, "connecting a fabric channel to", e))?;
-            let mut join = Vec::new();
-            encode_frame(
-                &Message::ChannelJoin(ChannelJoin {
-                    session_id: *session_id,
-                    index,
-                    proof: auth.channel_proof(session_id, index),
-                }),
-                &mut join,
-            );
-            channel
-                .send_control(&join)
-                .map_err(|e| fabric_error(&peer, "joining a fabric channel at", e))?;
-            Ok(channel)
-        })
-        .collect()
-}
-
 /// Names of what a channel's discovery chose.
 pub fn names(channel: &Channel) -> FabricNames {
     let info = channel.provider();
@@ -244,6 +391,58 @@ pub fn names(channel: &Channel) -> FabricNames {
         provider: info.provider.clone(),
         fabric: info.fabric.clone(),
         domain: info.domain.clone(),
+    }
+}
+
+/// One fabric channel with the data connection that bound it to the session (kept open:
+/// closing it is how either side ends the link).
+struct FabricLink {
+    channel: Channel,
+    closer: Closer,
+    _binding: TcpStream,
+    index: u16,
+    plan: SlotPlan,
+    session_tag: u64,
+    max_payload: usize,
+    peer: String,
+}
+
+impl Link for FabricLink {
+    fn index(&self) -> u16 {
+        self.index
+    }
+
+    fn closer(&self) -> Closer {
+        self.closer.clone()
+    }
+
+    fn registrations(&self) -> Option<wanxfer_fabric::RegistrationCount> {
+        Some(self.channel.registrations())
+    }
+
+    fn send(self: Box<Self>, queue: Receiver<Block>, ctx: &PumpCtx) -> Result<(), Error> {
+        let FabricLink {
+            channel,
+            plan,
+            peer,
+            ..
+        } = *self;
+        send_blocks(channel, plan, &queue, ctx, &peer)
+    }
+
+    fn receive(
+        self: Box<Self>,
+        _pool: Option<Pool>,
+        out: Sender<Block>,
+        ctx: &PumpCtx,
+    ) -> Result<(), Error> {
+        let limits = RecvLimits {
+            plan: self.plan,
+            session_tag: self.session_tag,
+            max_payload: self.max_payload,
+        };
+        let FabricLink { channel, peer, .. } = *self;
+        recv_blocks(channel, &limits, &out, ctx, &peer)
     }
 }
 
@@ -256,24 +455,23 @@ struct InFlight {
 
 /// The sending end: writes queued blocks into slots the receiver granted, until the queue
 /// closes; then says so and closes the channel gracefully.
-pub fn send_blocks(
+fn send_blocks(
     channel: Channel,
     plan: SlotPlan,
     queue: &Receiver<Block>,
-    cancel: &Cancel,
-    progress: &Progress,
+    ctx: &PumpCtx,
     peer: &str,
 ) -> Result<(), Error> {
     let mut sender = FabricSender::new(channel, plan, peer)?;
     let mut queue_open = true;
     while queue_open || !sender.in_flight.is_empty() {
-        if cancel.is_cancelled() {
+        if ctx.cancel.is_cancelled() {
             return Err(Error::Cancelled);
         }
-        sender.take_events(progress)?;
+        sender.take_events(ctx)?;
         if !(queue_open && sender.can_write()) {
             // Nothing to do until a credit or a completion arrives: sleep on the CQ.
-            sender.wait_event(progress)?;
+            sender.wait_event(ctx)?;
             continue;
         }
         let wait = if sender.in_flight.is_empty() {
@@ -282,7 +480,19 @@ pub fn send_blocks(
             BUSY_WAIT
         };
         match queue.recv_timeout(wait) {
-            Ok(block) => sender.write(block)?,
+            Ok(block) => {
+                let segments = seg_refs(&block);
+                if let Err(e) = sender.write(block) {
+                    (ctx.report)(LinkEvent::Unsent { segments });
+                    return Err(e);
+                }
+                // Writes on one connection land in order: the receiver's count of arrived
+                // blocks says which of these made it if the channel dies.
+                (ctx.report)(LinkEvent::Sent {
+                    index: ctx.index,
+                    segments,
+                });
+            }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => queue_open = false,
         }
@@ -326,29 +536,29 @@ impl<'p> FabricSender<'p> {
         !self.credits.is_empty() && !self.free_headers.is_empty()
     }
 
-    fn take_events(&mut self, progress: &Progress) -> Result<(), Error> {
+    fn take_events(&mut self, ctx: &PumpCtx) -> Result<(), Error> {
         while let Some(event) = self
             .channel
             .poll()
             .map_err(|e| fabric_error(self.peer, "polling the fabric channel to", e))?
         {
-            self.handle(event, progress)?;
+            self.handle(event, ctx)?;
         }
         Ok(())
     }
 
-    fn wait_event(&mut self, progress: &Progress) -> Result<(), Error> {
+    fn wait_event(&mut self, ctx: &PumpCtx) -> Result<(), Error> {
         let event = self
             .channel
             .wait(Some(CANCEL_POLL))
             .map_err(|e| fabric_error(self.peer, "waiting for credits from", e))?;
         match event {
-            Some(event) => self.handle(event, progress),
+            Some(event) => self.handle(event, ctx),
             None => Ok(()),
         }
     }
 
-    fn handle(&mut self, event: Event, progress: &Progress) -> Result<(), Error> {
+    fn handle(&mut self, event: Event, ctx: &PumpCtx) -> Result<(), Error> {
         match event {
             Event::Credit(credit) => self.credits.push_back(credit),
             Event::WriteComplete { slot } => {
@@ -356,7 +566,7 @@ impl<'p> FabricSender<'p> {
                     Error::protocol(self.peer, format!("completion for idle slot {slot}"))
                 })?;
                 self.free_headers.push(done.header_slot);
-                progress
+                ctx.progress
                     .bytes
                     .fetch_add(done.len, std::sync::atomic::Ordering::Relaxed);
             }
@@ -432,10 +642,10 @@ impl<'p> FabricSender<'p> {
 }
 
 /// The receiving end's slots, and what it checks blocks against.
-pub struct RecvLimits {
-    pub plan: SlotPlan,
-    pub session_tag: u64,
-    pub max_payload: usize,
+struct RecvLimits {
+    plan: SlotPlan,
+    session_tag: u64,
+    max_payload: usize,
 }
 
 /// While some slots are held by writers, how often freed ones are looked for (the
@@ -445,14 +655,14 @@ const REGRANT_POLL: Duration = Duration::from_micros(250);
 /// The receiving end: registers this channel's slots and grants them; each block that
 /// lands goes to the writers in its slot, without a copy, and the slot is granted again
 /// when the writers drop the block. A slow writer therefore withholds credits.
-pub fn recv_blocks(
+fn recv_blocks(
     channel: Channel,
     limits: &RecvLimits,
     out: &Sender<Block>,
-    cancel: &Cancel,
-    progress: &Progress,
+    ctx: &PumpCtx,
     peer: &str,
 ) -> Result<(), Error> {
+    let cancel = &ctx.cancel;
     let err = |context: &'static str| move |e| fabric_error(peer, context, e);
     let plan = limits.plan;
     let arena = SlotArena::new(plan.slots as usize, plan.slot_len);
@@ -498,10 +708,11 @@ pub fn recv_blocks(
                     )
                 })?;
                 take_block_in_place(&mut block, len, limits, peer)?;
-                progress
+                ctx.progress
                     .bytes
                     .fetch_add(block.len as u64, std::sync::atomic::Ordering::Relaxed);
                 out.send(block).map_err(|_| Error::Cancelled)?;
+                (ctx.report)(LinkEvent::Received { index: ctx.index });
             }
             Event::Control(msg) if msg == END_OF_BLOCKS => break,
             other => {

@@ -1,20 +1,27 @@
 //! Data channels: the back end that moves blocks, behind one small interface.
 //!
-//! The session sees a channel as two halves, [`BlockTx`] and [`BlockRx`]; what is under
-//! them (a TCP stream today, a libfabric endpoint writing into granted slots next) is the
-//! transport's business. The pumps here connect a channel to the pool queues, so that any
-//! channel takes the next ready block: a slow stream simply takes fewer blocks, and the
-//! number of channels can differ from the number of readers and writers.
+//! A [`Transport`] turns a joined data connection into a [`Link`], and a link runs one
+//! pump: sending blocks from the session's queue, or receiving blocks and handing them to
+//! the writers. What is under a link (a TCP stream, or a libfabric endpoint writing into
+//! slots the receiver granted) is the transport's business, and so are its receive memory
+//! ([`Transport::receive_pool`]: one pool shared by TCP links, per-link slot arenas for
+//! fabric, which then needs no pool), its I/O policy and its statistics. The session
+//! driver sees only links and what their pumps report ([`LinkEvent`]): which segments a
+//! sent block held, that a whole block arrived, and how a pump ended. That is all the
+//! session needs to send again what a dead channel did not deliver, and it is the same
+//! for every transport.
 //!
-//! Two transports live below: [`tcp`] (parallel TCP streams, the default) and [`fabric`]
-//! (libfabric endpoints: RDMA writes into slots the receiver granted). Both carry the
-//! same self-describing blocks, so everything above them is shared.
+//! Any link takes the next ready block, so a slow channel simply takes fewer, and the
+//! number of channels can change during a session.
 
+use std::net::TcpStream;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use wanxfer_proto::BlockHeader;
+use wanxfer_proto::{BlockHeader, ChannelJoin, TransportKind};
+use wanxfer_session::SegRef;
 
 use crate::pool::{Block, Cancel, Pool, CANCEL_POLL};
 use crate::progress::Progress;
@@ -24,9 +31,131 @@ pub mod fabric;
 pub mod tcp;
 pub mod zerocopy;
 
-pub use tcp::TcpChannel;
+pub use tcp::{TcpChannel, TcpTransport};
 
-/// The sending half of a channel.
+/// What a link's pump tells the session.
+#[derive(Debug)]
+pub enum LinkEvent {
+    /// A block went out whole on link `index`.
+    Sent { index: u16, segments: Vec<SegRef> },
+    /// A block could not go out (its link failed first).
+    Unsent { segments: Vec<SegRef> },
+    /// A whole block arrived on link `index` and went to the writers.
+    Received { index: u16 },
+    /// The pump of link `index` ended: cleanly, or with why. Nothing more comes from it.
+    Ended {
+        index: u16,
+        result: Result<(), Error>,
+    },
+}
+
+/// Where a pump reports; the session's event queue (bounded: a pump waits when the
+/// session falls behind).
+pub type Reporter = Arc<dyn Fn(LinkEvent) + Send + Sync>;
+
+/// What every pump needs besides its link.
+#[derive(Clone)]
+pub struct PumpCtx {
+    pub index: u16,
+    pub report: Reporter,
+    /// Set when the session ends, or when this link alone must stop.
+    pub cancel: Cancel,
+    pub progress: Arc<Progress>,
+    pub peer: String,
+}
+
+/// One way of moving blocks: sets links up from joined data connections.
+pub trait Transport: Send + Sync {
+    fn kind(&self) -> TransportKind;
+
+    fn name(&self) -> &'static str {
+        match self.kind() {
+            TransportKind::Fabric => "fabric",
+            _ => "tcp",
+        }
+    }
+
+    /// The pool receiving links of this transport share, if they share one (sized for the
+    /// session's agreed numbers); `None` where each link brings its own receive memory.
+    fn receive_pool(&self, buffers: usize, block_size: usize) -> Option<Pool>;
+
+    /// Client: a link over a joined data connection.
+    fn connect(&self, joined: Joined) -> Result<Box<dyn Link>, Error>;
+
+    /// Server: a link over a joined data connection.
+    fn accept(&self, joined: Joined) -> Result<Box<dyn Link>, Error>;
+
+    /// What libfabric discovery chose, once a link is up (fabric only).
+    fn fabric_names(&self) -> Option<fabric::FabricNames> {
+        None
+    }
+}
+
+/// A data connection that joined a session, with the join it presented (whose proof is
+/// bound to that connection).
+#[derive(Debug)]
+pub struct Joined {
+    pub stream: TcpStream,
+    pub join: ChannelJoin,
+}
+
+/// One data channel, ready to pump in one direction.
+pub trait Link: Send {
+    fn index(&self) -> u16;
+
+    /// Tears the link down from another thread: its pump wakes and ends.
+    fn closer(&self) -> Closer;
+
+    /// Memory registrations the link holds with an RDMA provider, to check they are all
+    /// gone when it ends (fabric only).
+    fn registrations(&self) -> Option<wanxfer_fabric::RegistrationCount> {
+        None
+    }
+
+    /// Sends blocks from `queue` until it closes, then ends the stream cleanly.
+    fn send(self: Box<Self>, queue: Receiver<Block>, ctx: &PumpCtx) -> Result<(), Error>;
+
+    /// Receives blocks into the transport's receive memory (`pool`, if it has a shared
+    /// one) and hands them to `out` until the sender ends the stream.
+    fn receive(
+        self: Box<Self>,
+        pool: Option<Pool>,
+        out: Sender<Block>,
+        ctx: &PumpCtx,
+    ) -> Result<(), Error>;
+}
+
+/// Wakes a link's pump from outside by shutting its connection down (the pump's own
+/// [`PumpCtx::cancel`] token does the rest).
+#[derive(Debug, Clone)]
+pub struct Closer(Option<Arc<TcpStream>>);
+
+impl Closer {
+    pub fn new(stream: &TcpStream) -> Closer {
+        Closer(stream.try_clone().ok().map(Arc::new))
+    }
+
+    pub fn close(&self) {
+        if let Some(stream) = &self.0 {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// The segments a block holds, as the session's ledger remembers them.
+pub fn seg_refs(block: &Block) -> Vec<SegRef> {
+    block
+        .segments
+        .iter()
+        .map(|s| SegRef {
+            id: s.file_id,
+            offset: s.offset,
+            len: s.len,
+        })
+        .collect()
+}
+
+/// The sending half of a byte-stream channel.
 pub trait BlockTx: Send {
     /// Sends `block`; the channel may keep it (its buffer) until the kernel is done with it.
     fn send(&mut self, block: Block) -> Result<(), Error>;
@@ -54,20 +183,15 @@ pub trait BlockTx: Send {
 /// block is queued: the pool may be empty until it does.
 const RECLAIM_POLL: Duration = Duration::from_millis(1);
 
-/// The receiving half of a channel.
+/// The receiving half of a byte-stream channel.
 pub trait BlockRx: Send {
     /// The next block, `Ok(None)` at a clean end of stream.
     fn recv(&mut self, pool: &Pool, cancel: &Cancel) -> Result<Option<Block>, Error>;
 }
 
-/// Sends queued blocks until the queue closes.
-pub fn pump_out(
-    tx: &mut dyn BlockTx,
-    queue: &Receiver<Block>,
-    cancel: &Cancel,
-    progress: &Progress,
-) -> Result<(), Error> {
-    loop {
+/// Sends queued blocks until the queue closes, reporting each.
+pub fn pump_out(tx: &mut dyn BlockTx, queue: &Receiver<Block>, ctx: &PumpCtx) -> Result<(), Error> {
+    let result = (|| loop {
         let poll = if tx.holds_blocks() {
             RECLAIM_POLL
         } else {
@@ -75,44 +199,53 @@ pub fn pump_out(
         };
         match queue.recv_timeout(poll) {
             Ok(block) => {
+                let segments = seg_refs(&block);
                 let len = block.len as u64;
-                tx.send(block)?;
-                progress.bytes.fetch_add(len, Ordering::Relaxed);
+                if let Err(e) = tx.send(block) {
+                    (ctx.report)(LinkEvent::Unsent { segments });
+                    return Err(e);
+                }
+                ctx.progress.bytes.fetch_add(len, Ordering::Relaxed);
+                (ctx.report)(LinkEvent::Sent {
+                    index: ctx.index,
+                    segments,
+                });
             }
-            Err(RecvTimeoutError::Timeout) if cancel.is_cancelled() => {
+            Err(RecvTimeoutError::Timeout) if ctx.cancel.is_cancelled() => {
                 return Err(Error::Cancelled)
             }
             Err(RecvTimeoutError::Timeout) => tx.reclaim()?,
-            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Disconnected) => return tx.finish(),
         }
-    }
-    let finished = tx.finish();
+    })();
     let (sends, copied) = tx.zerocopy_counts();
-    progress.zerocopy_sends.fetch_add(sends, Ordering::Relaxed);
-    progress
+    ctx.progress
+        .zerocopy_sends
+        .fetch_add(sends, Ordering::Relaxed);
+    ctx.progress
         .zerocopy_copied
         .fetch_add(copied, Ordering::Relaxed);
     if let Some(why) = tx.io_fallback() {
         // The first channel's reason stands for all: they read the same files.
-        let _ = progress.io_fallback.set(why.to_string());
+        let _ = ctx.progress.io_fallback.set(why.to_string());
     }
-    finished
+    result
 }
 
 /// Receives blocks into pool buffers and queues them for the writers until the sender
-/// ends the stream.
+/// ends the stream, reporting each.
 pub fn pump_in(
     rx: &mut dyn BlockRx,
     pool: &Pool,
     out: &Sender<Block>,
-    cancel: &Cancel,
-    progress: &Progress,
+    ctx: &PumpCtx,
 ) -> Result<(), Error> {
-    while let Some(block) = rx.recv(pool, cancel)? {
-        progress
+    while let Some(block) = rx.recv(pool, &ctx.cancel)? {
+        ctx.progress
             .bytes
             .fetch_add(block.len as u64, Ordering::Relaxed);
         out.send(block).map_err(|_| Error::Cancelled)?;
+        (ctx.report)(LinkEvent::Received { index: ctx.index });
     }
     Ok(())
 }

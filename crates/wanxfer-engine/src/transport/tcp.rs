@@ -10,13 +10,94 @@
 use std::io::{self, IoSlice, Write};
 use std::net::{Shutdown, TcpStream};
 
-use wanxfer_proto::{BlockHeader, Segment};
+use crossbeam_channel::{Receiver, Sender};
+use wanxfer_proto::{BlockHeader, Segment, TransportKind};
 
 use super::zerocopy::{self, InFlight};
-use super::{check_header, BlockRx, BlockTx};
+use super::{
+    check_header, pump_in, pump_out, BlockRx, BlockTx, Closer, Joined, Link, PumpCtx, Transport,
+};
 use crate::digest::{PayloadVerifier, IN_CACHE_PIECE_BYTES};
 use crate::pool::{Block, Cancel, FileRange, Pool};
+use crate::source::IoMode;
 use crate::Error;
+
+/// Parallel TCP streams: each joined data connection is a link, and receiving links share
+/// one pool.
+#[derive(Debug, Clone)]
+pub struct TcpTransport {
+    pub peer: String,
+    /// The agreed block size: the largest payload a link accepts.
+    pub block_size: usize,
+    pub session_tag: u64,
+    /// How sending links send (`Zerocopy` turns on `MSG_ZEROCOPY`).
+    pub io: IoMode,
+}
+
+impl Transport for TcpTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Tcp
+    }
+
+    fn receive_pool(&self, buffers: usize, block_size: usize) -> Option<Pool> {
+        Some(Pool::new(buffers, block_size))
+    }
+
+    fn connect(&self, joined: Joined) -> Result<Box<dyn Link>, Error> {
+        self.link(joined.stream, joined.join.index)
+    }
+
+    fn accept(&self, joined: Joined) -> Result<Box<dyn Link>, Error> {
+        self.link(joined.stream, joined.join.index)
+    }
+}
+
+impl TcpTransport {
+    fn link(&self, stream: TcpStream, index: u16) -> Result<Box<dyn Link>, Error> {
+        let closer = Closer::new(&stream);
+        Ok(Box::new(TcpLink {
+            channel: TcpChannel::new(stream, self.peer.clone(), self.block_size, self.session_tag),
+            index,
+            zerocopy: self.io == IoMode::Zerocopy,
+            closer,
+        }))
+    }
+}
+
+struct TcpLink {
+    channel: TcpChannel,
+    index: u16,
+    zerocopy: bool,
+    closer: Closer,
+}
+
+impl Link for TcpLink {
+    fn index(&self) -> u16 {
+        self.index
+    }
+
+    fn closer(&self) -> Closer {
+        self.closer.clone()
+    }
+
+    fn send(mut self: Box<Self>, queue: Receiver<Block>, ctx: &PumpCtx) -> Result<(), Error> {
+        if self.zerocopy {
+            self.channel.enable_zerocopy()?;
+        }
+        pump_out(&mut self.channel, &queue, ctx)
+    }
+
+    fn receive(
+        mut self: Box<Self>,
+        pool: Option<Pool>,
+        out: Sender<Block>,
+        ctx: &PumpCtx,
+    ) -> Result<(), Error> {
+        let pool = pool
+            .ok_or_else(|| Error::Internal("a TCP link receives into the session's pool".into()))?;
+        pump_in(&mut self.channel, &pool, &out, ctx)
+    }
+}
 
 /// A TCP stream carrying blocks.
 #[derive(Debug)]

@@ -29,6 +29,7 @@ pub struct Server {
     pub addr: String,
     pub root: PathBuf,
     log: PathBuf,
+    extra: Vec<String>,
 }
 
 impl Server {
@@ -55,6 +56,7 @@ impl Server {
             .arg(root)
             .args(extra)
             .env("WANXFER_SECRET", SECRET)
+            .env("WANXFER_STATE_DIR", state_dir())
             .env(
                 "RUST_LOG",
                 std::env::var("WANXFER_TEST_SERVER_LOG").unwrap_or_else(|_| "info".into()),
@@ -79,7 +81,20 @@ impl Server {
             addr,
             root: root.to_path_buf(),
             log,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         }
+    }
+
+    /// Starts the server again (after [`Server::kill`]) on the same address and root,
+    /// with the same flags: what an operator's restart does.
+    pub fn restart(&mut self) {
+        self.kill();
+        let mut cmd = Command::new(wanxfer_bin());
+        cmd.args(["serve", "--listen", &self.addr]);
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        let mut again = Server::start_with(cmd, &self.root.clone(), &extra);
+        self.child = again.child.take();
+        self.log = again.log.clone();
     }
 
     /// `wanxfer://ADDR/PATH`.
@@ -168,6 +183,12 @@ impl Run {
     }
 }
 
+/// Where this test process's clients and servers keep their state (journals,
+/// placements): apart from the user's own, and from other test processes'.
+pub fn state_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("wanxfer-test-state-{}", std::process::id()))
+}
+
 /// A `wanxfer cp` command with the test secret and no progress bar.
 pub fn cp_command<I, S>(args: I) -> Command
 where
@@ -179,6 +200,7 @@ where
         .arg("--quiet")
         .args(args)
         .env("WANXFER_SECRET", SECRET)
+        .env("WANXFER_STATE_DIR", state_dir())
         .env_remove("RUST_LOG");
     cmd
 }
@@ -192,7 +214,8 @@ where
     cmd.arg("cp")
         .arg("--quiet")
         .args(args)
-        .env("WANXFER_SECRET", SECRET);
+        .env("WANXFER_SECRET", SECRET)
+        .env("WANXFER_STATE_DIR", state_dir());
     Run::from_output(cmd.output().expect("run wanxfer cp"))
 }
 

@@ -1,0 +1,763 @@
+//! The sending role: announce the manifest within the window, plan what to read once the
+//! receiver has taken an announcement in, check what the receiver says it already holds,
+//! remember which blocks went out on which channel until the receiver confirms them, and
+//! send again what a dead channel did not deliver.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use wanxfer_proto::{
+    Confirm, Entry, EntryKind, ErrorMsg, FailureClass, FileFailed, HeldRange, Manifest,
+    ManifestEnd, Message, Stats, MAX_FRAME_BODY, MAX_HELD_RANGES_PER_FILE, MAX_MANIFEST_ENTRIES,
+};
+
+use crate::coverage::Coverage;
+use crate::plan::{Plan, Planner, SegRef};
+use crate::{name, protocol, Event, Failure, Link, Outcome, SessionError};
+
+/// What a sending side agreed on.
+#[derive(Debug, Clone)]
+pub struct SenderConfig {
+    pub block_size: u64,
+    /// Most manifest entries announced and not yet resolved.
+    pub window: u32,
+    pub stall_timeout: Duration,
+    /// The receiver may report files as up to date (comparison negotiated).
+    pub peer_may_skip: bool,
+    /// The receiver may report ranges it holds (resume or comparison by checksum).
+    pub peer_may_hold: bool,
+}
+
+/// Work for the sender's threads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SenderWork {
+    /// Read these bytes into blocks and queue them for the channels.
+    Read(Plan),
+    /// Hash these ranges of the source and report with [`SenderMachine::verified`] whether
+    /// each matches the digest the receiver holds for it.
+    Verify { id: u64, ranges: Vec<HeldRange> },
+    /// The receiver has said what this channel delivered: tear down its local end.
+    CloseChannel(u16),
+}
+
+#[derive(Debug)]
+struct SendFile {
+    kind: EntryKind,
+    size: u64,
+    held: Vec<HeldRange>,
+    held_complete: bool,
+    verifying: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChannelState {
+    Open,
+    /// We told the receiver the channel is dead; waiting for its final count.
+    Dropping,
+    Closed,
+}
+
+/// What one data channel carried and the receiver has not yet confirmed.
+#[derive(Debug)]
+struct Ledger {
+    state: ChannelState,
+    /// Blocks reported sent on this channel.
+    sent: u64,
+    /// Blocks the receiver confirmed it took in.
+    received: u64,
+    /// Blocks sent and not yet confirmed: their index on the channel and their segments.
+    pending: VecDeque<(u64, Vec<SegRef>)>,
+}
+
+/// Most unconfirmed blocks one channel may hold in the ledger: a receiver that never
+/// confirms would otherwise grow it without bound.
+pub const MAX_UNCONFIRMED_BLOCKS: usize = 1 << 16;
+
+impl Ledger {
+    fn new() -> Ledger {
+        Ledger {
+            state: ChannelState::Open,
+            sent: 0,
+            received: 0,
+            pending: VecDeque::new(),
+        }
+    }
+
+    fn trim(&mut self) {
+        while self
+            .pending
+            .front()
+            .is_some_and(|(index, _)| *index < self.received)
+        {
+            self.pending.pop_front();
+        }
+    }
+}
+
+/// The sending side of a session.
+#[derive(Debug)]
+pub struct SenderMachine {
+    cfg: SenderConfig,
+    link: Link,
+    next_id: u64,
+    total_bytes: u64,
+    end_sent: bool,
+    batch: Vec<Entry>,
+    batch_bytes: usize,
+    /// Announced batches not yet acknowledged: where each ends and its files with data.
+    awaiting_ack: VecDeque<(u64, Vec<u64>)>,
+    acked_through: u64,
+    files: HashMap<u64, SendFile>,
+    planner: Planner,
+    work: VecDeque<SenderWork>,
+    channels: BTreeMap<u16, Ledger>,
+}
+
+impl SenderMachine {
+    pub fn new(cfg: SenderConfig, now: Instant) -> SenderMachine {
+        SenderMachine {
+            link: Link::new(now, cfg.stall_timeout),
+            planner: Planner::new(cfg.block_size),
+            cfg,
+            next_id: 0,
+            total_bytes: 0,
+            end_sent: false,
+            batch: Vec::new(),
+            batch_bytes: 0,
+            awaiting_ack: VecDeque::new(),
+            acked_through: 0,
+            files: HashMap::new(),
+            work: VecDeque::new(),
+            channels: BTreeMap::new(),
+        }
+    }
+
+    /// Whether the window has room for another entry.
+    pub fn wants_entries(&self) -> bool {
+        !self.end_sent && self.files.len() < self.cfg.window as usize
+    }
+
+    /// Announces one walked entry; returns its id. Call only while [`Self::wants_entries`].
+    pub fn push_entry(&mut self, entry: Entry) -> u64 {
+        debug_assert!(self.wants_entries(), "the driver respects the window");
+        let id = self.next_id;
+        self.next_id += 1;
+        self.total_bytes += entry.size;
+        self.files.insert(
+            id,
+            SendFile {
+                kind: entry.kind,
+                size: entry.size,
+                held: Vec::new(),
+                held_complete: false,
+                verifying: false,
+            },
+        );
+        self.batch_bytes += 40 + entry.path.as_bytes().len() + entry.link_target.len();
+        self.batch.push(entry);
+        if self.batch.len() >= MAX_MANIFEST_ENTRIES || self.batch_bytes >= MAX_FRAME_BODY / 2 {
+            self.flush_batch();
+        }
+        id
+    }
+
+    /// Every entry has been announced.
+    pub fn walk_done(&mut self) {
+        if self.end_sent {
+            return;
+        }
+        self.flush_batch();
+        self.link.send(Message::ManifestEnd(ManifestEnd {
+            entries: self.next_id,
+            bytes: self.total_bytes,
+        }));
+        self.end_sent = true;
+    }
+
+    /// Entries this side did not send because they are neither file, directory nor
+    /// symlink, so that the receiving user learns of them.
+    pub fn skipped(&mut self, paths: Vec<Vec<u8>>) {
+        for chunk in paths.chunks(wanxfer_proto::MAX_SKIPPED_PATHS) {
+            self.link.send(Message::Skipped {
+                paths: chunk.to_vec(),
+            });
+        }
+    }
+
+    fn flush_batch(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let entries = std::mem::take(&mut self.batch);
+        self.batch_bytes = 0;
+        let first_id = self.next_id - entries.len() as u64;
+        let with_data = (first_id..self.next_id)
+            .filter(|id| {
+                self.files
+                    .get(id)
+                    .is_some_and(|f| f.kind == EntryKind::File && f.size > 0)
+            })
+            .collect();
+        self.awaiting_ack.push_back((self.next_id, with_data));
+        self.link
+            .send(Message::Manifest(Manifest { first_id, entries }));
+    }
+
+    /// Ids announced so far (sent or about to be).
+    fn announced(&self) -> u64 {
+        self.next_id - self.batch.len() as u64
+    }
+
+    pub fn handle_message(&mut self, now: Instant, msg: Message) -> Result<(), SessionError> {
+        self.link.heard(now);
+        let resolved = self.all_resolved();
+        let Some(msg) = self.link.common(msg, resolved)? else {
+            return Ok(());
+        };
+        match msg {
+            Message::ManifestAck { through } => self.acknowledged(through),
+            Message::FileAck { ids } => self.resolve_ids(&ids, Outcome::Done),
+            Message::UpToDate { ids } if self.cfg.peer_may_skip => {
+                self.resolve_ids(&ids, Outcome::UpToDate)
+            }
+            Message::FileFailed(f) => {
+                self.check_announced(f.id)?;
+                let failure = Failure {
+                    class: f.class,
+                    offset: f.offset,
+                    message: String::from_utf8_lossy(&f.message).into_owned(),
+                    remote: true,
+                };
+                self.resolve(f.id, Outcome::Failed(failure));
+                Ok(())
+            }
+            Message::Held(held) if self.cfg.peer_may_hold => self.held(held),
+            Message::ChannelStatus {
+                index,
+                received,
+                closed,
+            } => self.channel_status(index, received, closed),
+            other => Err(protocol(format!(
+                "unexpected {} from the receiver",
+                name(&other)
+            ))),
+        }
+    }
+
+    fn check_announced(&self, id: u64) -> Result<(), SessionError> {
+        if id >= self.announced() {
+            return Err(protocol(format!(
+                "a verdict on file id {id}, never announced"
+            )));
+        }
+        Ok(())
+    }
+
+    fn resolve_ids(&mut self, ids: &[u64], outcome: Outcome) -> Result<(), SessionError> {
+        for &id in ids {
+            self.check_announced(id)?;
+            self.resolve(id, outcome.clone());
+        }
+        Ok(())
+    }
+
+    fn resolve(&mut self, id: u64, outcome: Outcome) {
+        if let Some(file) = self.files.remove(&id) {
+            self.link.events.push_back(Event::Resolved {
+                id,
+                kind: file.kind,
+                outcome,
+            });
+        }
+    }
+
+    fn acknowledged(&mut self, through: u64) -> Result<(), SessionError> {
+        if through > self.announced() || through < self.acked_through {
+            return Err(protocol(format!(
+                "manifest acknowledged through {through}, but {} entries were announced and {} already acknowledged",
+                self.announced(),
+                self.acked_through
+            )));
+        }
+        self.acked_through = through;
+        let mut plans = Vec::new();
+        while self
+            .awaiting_ack
+            .front()
+            .is_some_and(|(end, _)| *end <= through)
+        {
+            let (_, ids) = self.awaiting_ack.pop_front().expect("front exists");
+            for id in ids {
+                self.start(id, &mut plans)?;
+            }
+            self.planner.flush(&mut plans);
+        }
+        self.work.extend(plans.into_iter().map(SenderWork::Read));
+        Ok(())
+    }
+
+    /// A file the receiver has taken in: read it, or first check what it holds.
+    fn start(&mut self, id: u64, plans: &mut Vec<Plan>) -> Result<(), SessionError> {
+        let Some(file) = self.files.get_mut(&id) else {
+            return Ok(()); // resolved already (up to date, or failed)
+        };
+        if file.held.is_empty() {
+            self.planner.add_whole(id, file.size, plans);
+            return Ok(());
+        }
+        if !file.held_complete {
+            return Err(protocol(format!(
+                "file id {id} acknowledged before its held ranges were complete"
+            )));
+        }
+        file.verifying = true;
+        self.work.push_back(SenderWork::Verify {
+            id,
+            ranges: file.held.clone(),
+        });
+        Ok(())
+    }
+
+    fn held(&mut self, held: wanxfer_proto::Held) -> Result<(), SessionError> {
+        let id = held.id;
+        self.check_announced(id)?;
+        if id < self.acked_through {
+            return Err(protocol(format!(
+                "held ranges for file id {id} after its acknowledgement"
+            )));
+        }
+        let Some(file) = self.files.get_mut(&id) else {
+            return Err(protocol(format!(
+                "held ranges for file id {id}, which is resolved"
+            )));
+        };
+        if file.kind != EntryKind::File || file.held_complete {
+            return Err(protocol(format!("unexpected held ranges for file id {id}")));
+        }
+        if file.held.len() + held.ranges.len() > MAX_HELD_RANGES_PER_FILE {
+            return Err(SessionError::Limit(format!(
+                "more than {MAX_HELD_RANGES_PER_FILE} held ranges for file id {id}"
+            )));
+        }
+        let mut end = file.held.last().map_or(0, |r| r.offset + u64::from(r.len));
+        for r in &held.ranges {
+            let r_end = r.offset + u64::from(r.len);
+            if r.offset < end || r_end > file.size {
+                return Err(protocol(format!(
+                    "held ranges of file id {id} out of order, overlapping, or past its size"
+                )));
+            }
+            end = r_end;
+        }
+        file.held.extend(held.ranges);
+        file.held_complete = held.last;
+        Ok(())
+    }
+
+    /// The readers checked the held ranges of `id` against the source: `matches[i]` for
+    /// range `i`. Confirms them to the receiver and plans the rest. Returns the bytes the
+    /// receiver keeps, which are not sent.
+    pub fn verified(&mut self, id: u64, matches: &[bool]) -> u64 {
+        let Some(file) = self.files.get_mut(&id) else {
+            return 0; // failed meanwhile
+        };
+        if !file.verifying || matches.len() != file.held.len() {
+            debug_assert!(false, "a verdict for every held range, once");
+            return 0;
+        }
+        file.verifying = false;
+        let mut have = Coverage::default();
+        for (range, _) in file.held.iter().zip(matches).filter(|(_, ok)| **ok) {
+            // Checked in order and apart when they arrived.
+            let _ = have.add(range.offset, range.offset + u64::from(range.len));
+        }
+        file.held.clear();
+        let size = file.size;
+        self.link.send(Message::Confirm(Confirm::new(id, matches)));
+        let mut plans = Vec::new();
+        self.planner
+            .add_ranges(id, size, have.gaps(size), &mut plans);
+        self.planner.flush(&mut plans);
+        self.work.extend(plans.into_iter().map(SenderWork::Read));
+        have.bytes()
+    }
+
+    /// This side could not read `id` (or check what the receiver holds of it): the file
+    /// fails alone and the receiver is told to drop it.
+    pub fn read_failed(&mut self, id: u64, class: FailureClass, message: &str) {
+        if !self.files.contains_key(&id) {
+            return;
+        }
+        self.link.send(Message::FileFailed(FileFailed {
+            id,
+            class,
+            offset: 0,
+            message: ErrorMsg::new(class, message).message,
+        }));
+        let failure = Failure {
+            class,
+            offset: 0,
+            message: message.to_string(),
+            remote: false,
+        };
+        self.resolve(id, Outcome::Failed(failure));
+    }
+
+    /// A data channel is up.
+    pub fn channel_opened(&mut self, index: u16) {
+        self.channels.entry(index).or_insert_with(Ledger::new);
+    }
+
+    /// A block holding `segments` went out whole on channel `index`.
+    pub fn block_sent(&mut self, index: u16, segments: Vec<SegRef>) -> Result<(), SessionError> {
+        let ledger = self.channels.entry(index).or_insert_with(Ledger::new);
+        let at = ledger.sent;
+        ledger.sent += 1;
+        if at < ledger.received {
+            return Ok(()); // confirmed before we heard it went out
+        }
+        if ledger.state == ChannelState::Closed {
+            // The channel died with this block in it: the receiver's final count is
+            // below it.
+            self.requeue(segments);
+            return Ok(());
+        }
+        if ledger.pending.len() >= MAX_UNCONFIRMED_BLOCKS {
+            return Err(SessionError::Limit(format!(
+                "the receiver confirmed none of the last {MAX_UNCONFIRMED_BLOCKS} blocks on channel {index}"
+            )));
+        }
+        ledger.pending.push_back((at, segments));
+        Ok(())
+    }
+
+    /// A block could not be sent at all (its channel failed first): send it again on
+    /// another.
+    pub fn block_unsent(&mut self, segments: Vec<SegRef>) {
+        self.requeue(segments);
+    }
+
+    /// This side found channel `index` dead (an error, or a send stalled past the
+    /// timeout). The receiver is asked for its final count before anything is sent again,
+    /// since the channel may have delivered more than this side knows.
+    pub fn channel_failed(&mut self, index: u16) {
+        let ledger = self.channels.entry(index).or_insert_with(Ledger::new);
+        if ledger.state == ChannelState::Open {
+            ledger.state = ChannelState::Dropping;
+            self.link.send(Message::DropChannel { index });
+        }
+    }
+
+    fn channel_status(
+        &mut self,
+        index: u16,
+        received: u64,
+        closed: bool,
+    ) -> Result<(), SessionError> {
+        let ledger = self.channels.entry(index).or_insert_with(Ledger::new);
+        if ledger.state == ChannelState::Closed {
+            return Ok(()); // late news of a channel already settled
+        }
+        if received < ledger.received {
+            return Err(protocol(format!(
+                "channel {index}: the receiver's count went back from {} to {received}",
+                ledger.received
+            )));
+        }
+        ledger.received = received;
+        ledger.trim();
+        if closed {
+            ledger.state = ChannelState::Closed;
+            let lost: Vec<SegRef> = ledger.pending.drain(..).flat_map(|(_, s)| s).collect();
+            self.work.push_back(SenderWork::CloseChannel(index));
+            self.requeue(lost);
+        }
+        Ok(())
+    }
+
+    /// Plans again the segments a channel did not deliver, for files still outstanding.
+    fn requeue(&mut self, segments: Vec<SegRef>) {
+        let mut ranges: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
+        for seg in segments {
+            if self.files.contains_key(&seg.id) {
+                ranges
+                    .entry(seg.id)
+                    .or_default()
+                    .push((seg.offset, seg.offset + u64::from(seg.len)));
+            }
+        }
+        let mut plans = Vec::new();
+        for (id, mut list) in ranges {
+            let size = self.files[&id].size;
+            list.sort_unstable();
+            self.planner.add_ranges(id, size, list, &mut plans);
+        }
+        self.planner.flush(&mut plans);
+        self.work.extend(plans.into_iter().map(SenderWork::Read));
+    }
+
+    /// Whether channel `index` is still expected to carry blocks.
+    pub fn channel_is_open(&self, index: u16) -> bool {
+        self.channels
+            .get(&index)
+            .is_some_and(|l| l.state == ChannelState::Open)
+    }
+
+    /// Channels still carrying blocks.
+    pub fn open_channels(&self) -> usize {
+        self.channels
+            .values()
+            .filter(|l| l.state == ChannelState::Open)
+            .count()
+    }
+
+    /// Whether `id` still waits for the receiver's verdict (plans for others can be
+    /// skipped).
+    pub fn is_outstanding(&self, id: u64) -> bool {
+        self.files.contains_key(&id)
+    }
+
+    /// Every announced entry is resolved and the manifest is complete.
+    pub fn all_resolved(&self) -> bool {
+        self.end_sent && self.files.is_empty() && self.batch.is_empty()
+    }
+
+    /// Client: ends the session (call once [`Self::all_resolved`]).
+    pub fn finish(&mut self) {
+        debug_assert!(self.all_resolved());
+        self.link.finish();
+    }
+
+    /// Server: answers the client's `Finish` with this side's numbers.
+    pub fn send_stats(&mut self, stats: Stats) {
+        self.link.send_stats(stats);
+    }
+
+    /// Whether the session is over (both sides agreed it ended).
+    pub fn is_done(&self) -> bool {
+        self.link.finish == crate::FinishState::Done && self.link.out.is_empty()
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) -> Result<(), SessionError> {
+        self.link.handle_timeout(now)
+    }
+
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Message> {
+        if self.link.out.is_empty() {
+            self.flush_batch();
+        }
+        self.link.poll_transmit(now)
+    }
+
+    pub fn poll_work(&mut self) -> Option<SenderWork> {
+        self.work.pop_front()
+    }
+
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.link.events.pop_front()
+    }
+
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.link.poll_timeout()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wanxfer_proto::RelPath;
+
+    fn cfg() -> SenderConfig {
+        SenderConfig {
+            block_size: 100,
+            window: 4,
+            stall_timeout: Duration::from_secs(10),
+            peer_may_skip: true,
+            peer_may_hold: true,
+        }
+    }
+
+    fn file(name: &str, size: u64) -> Entry {
+        Entry {
+            kind: EntryKind::File,
+            path: RelPath::new(name.as_bytes()).unwrap(),
+            size,
+            mode: 0o644,
+            mtime_sec: 1,
+            mtime_nsec: 0,
+            link_target: Vec::new(),
+        }
+    }
+
+    fn drain(m: &mut SenderMachine, now: Instant) -> Vec<Message> {
+        std::iter::from_fn(|| m.poll_transmit(now)).collect()
+    }
+
+    fn works(m: &mut SenderMachine) -> Vec<SenderWork> {
+        std::iter::from_fn(|| m.poll_work()).collect()
+    }
+
+    #[test]
+    fn announces_within_the_window_and_reads_only_after_the_ack() {
+        let now = Instant::now();
+        let mut m = SenderMachine::new(cfg(), now);
+        let mut n = 0;
+        while m.wants_entries() {
+            m.push_entry(file(&format!("f{n}"), 30));
+            n += 1;
+        }
+        assert_eq!(n, 4, "the window bounds what is announced");
+        let sent = drain(&mut m, now);
+        assert!(matches!(&sent[..], [Message::Manifest(m)] if m.entries.len() == 4));
+        assert!(works(&mut m).is_empty(), "nothing is read before the ack");
+        m.handle_message(now, Message::ManifestAck { through: 4 })
+            .unwrap();
+        assert_eq!(
+            works(&mut m),
+            vec![
+                SenderWork::Read(Plan::Packed {
+                    files: vec![(0, 30), (1, 30), (2, 30)]
+                }),
+                SenderWork::Read(Plan::Packed {
+                    files: vec![(3, 30)]
+                }),
+            ]
+        );
+        m.handle_message(now, Message::FileAck { ids: vec![0, 1] })
+            .unwrap();
+        assert!(m.wants_entries());
+    }
+
+    #[test]
+    fn an_ack_beyond_the_announced_is_a_protocol_error() {
+        let now = Instant::now();
+        let mut m = SenderMachine::new(cfg(), now);
+        m.push_entry(file("a", 10));
+        drain(&mut m, now);
+        assert!(m
+            .handle_message(now, Message::ManifestAck { through: 2 })
+            .is_err());
+        assert!(m
+            .handle_message(now, Message::FileAck { ids: vec![7] })
+            .is_err());
+    }
+
+    /// Held ranges are checked against the source before anything else is planned, and
+    /// only the rest, and what did not match, is sent.
+    #[test]
+    fn held_ranges_are_verified_then_only_the_rest_is_sent() {
+        let now = Instant::now();
+        let mut m = SenderMachine::new(cfg(), now);
+        m.push_entry(file("big", 450));
+        drain(&mut m, now);
+        let range = |offset: u64| HeldRange {
+            offset,
+            len: 100,
+            digest: [offset as u8; 16],
+        };
+        m.handle_message(
+            now,
+            Message::Held(wanxfer_proto::Held {
+                id: 0,
+                ranges: vec![range(0), range(100)],
+                last: false,
+            }),
+        )
+        .unwrap();
+        m.handle_message(
+            now,
+            Message::Held(wanxfer_proto::Held {
+                id: 0,
+                ranges: vec![range(300)],
+                last: true,
+            }),
+        )
+        .unwrap();
+        m.handle_message(now, Message::ManifestAck { through: 1 })
+            .unwrap();
+        let [SenderWork::Verify { id: 0, ranges }] = &works(&mut m)[..] else {
+            panic!("verify first")
+        };
+        assert_eq!(ranges.len(), 3);
+        assert_eq!(m.verified(0, &[true, false, true]), 200);
+        assert!(
+            matches!(&drain(&mut m, now)[..], [Message::Confirm(c)] if c.is_accepted(0) && !c.is_accepted(1) && c.is_accepted(2))
+        );
+        assert_eq!(
+            works(&mut m),
+            vec![SenderWork::Read(Plan::Chunks {
+                id: 0,
+                size: 450,
+                ranges: vec![(100, 300), (400, 450)]
+            })]
+        );
+    }
+
+    /// What a dead channel did not deliver (by the receiver's final count) is planned
+    /// again, and nothing it did deliver.
+    #[test]
+    fn a_dead_channel_sends_again_exactly_what_it_did_not_deliver() {
+        let now = Instant::now();
+        let mut m = SenderMachine::new(cfg(), now);
+        m.push_entry(file("big", 500));
+        drain(&mut m, now);
+        m.handle_message(now, Message::ManifestAck { through: 1 })
+            .unwrap();
+        works(&mut m);
+        m.channel_opened(0);
+        m.channel_opened(1);
+        let seg = |offset| SegRef {
+            id: 0,
+            offset,
+            len: 100,
+        };
+        m.block_sent(0, vec![seg(0)]).unwrap();
+        m.block_sent(1, vec![seg(100)]).unwrap();
+        m.block_sent(0, vec![seg(200)]).unwrap();
+        m.block_sent(0, vec![seg(300)]).unwrap();
+        m.channel_failed(0);
+        assert_eq!(drain(&mut m, now), vec![Message::DropChannel { index: 0 }]);
+        m.handle_message(
+            now,
+            Message::ChannelStatus {
+                index: 0,
+                received: 1,
+                closed: true,
+            },
+        )
+        .unwrap();
+        // A block the pump reports late, after the channel closed, goes again too.
+        m.block_sent(0, vec![seg(400)]).unwrap();
+        assert_eq!(
+            works(&mut m),
+            vec![
+                SenderWork::CloseChannel(0),
+                SenderWork::Read(Plan::Chunks {
+                    id: 0,
+                    size: 500,
+                    ranges: vec![(200, 300), (300, 400)]
+                }),
+                SenderWork::Read(Plan::Chunks {
+                    id: 0,
+                    size: 500,
+                    ranges: vec![(400, 500)]
+                }),
+            ]
+        );
+        assert_eq!(m.open_channels(), 1);
+    }
+
+    #[test]
+    fn a_silent_peer_stalls_the_session_and_a_quiet_side_keeps_alive() {
+        let now = Instant::now();
+        let mut m = SenderMachine::new(cfg(), now);
+        let keepalive = m.poll_timeout().unwrap();
+        m.handle_timeout(keepalive).unwrap();
+        assert_eq!(drain(&mut m, keepalive), vec![Message::Keepalive]);
+        let later = now + Duration::from_secs(11);
+        assert!(matches!(
+            m.handle_timeout(later),
+            Err(SessionError::Stalled(_))
+        ));
+    }
+}
