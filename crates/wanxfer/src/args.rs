@@ -1,5 +1,10 @@
 //! Flags in two stages: clap's structs close to the command line, then validated engine
 //! requests ([`CpArgs::request`]) so that the engine never sees a half-checked value.
+//!
+//! Defaults come from the engine's own `Tuning::default()` and `ServerLimits::default()`
+//! rather than being written here again: a default changed in the engine is what `--help`
+//! shows and what a run without the flag gets. Only what the engine has no default for
+//! (the port, the connect timeout, the provider name) is defined here, once.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -11,6 +16,14 @@ use wanxfer_engine::session::{ClientConfig, ClientJob, PullDest, ServerLimits, T
 use wanxfer_engine::source::{IoMode, Source};
 use wanxfer_engine::Error;
 use wanxfer_proto::RelPath;
+
+/// The port a server listens on unless told otherwise.
+pub const DEFAULT_PORT: u16 = 7800;
+/// Seconds a client waits for a connection (`cp`, `bench`).
+pub const DEFAULT_CONNECT_TIMEOUT_S: u64 = 10;
+/// The libfabric provider asked for, or offered, by `--transport fabric`: the one every
+/// machine has (RDMA hardware wants `verbs`).
+pub const DEFAULT_PROVIDER: &str = "tcp";
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -52,44 +65,45 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// The directory served: nothing outside it is ever read or written.
-    #[arg(long)]
+    #[arg(long, value_name = "DIR")]
     pub root: PathBuf,
-    /// Address to listen on.
-    #[arg(long, default_value = "0.0.0.0:7800")]
+    /// Address and port to listen on (0.0.0.0 for every IPv4 address, [::] for every
+    /// address).
+    #[arg(long, value_name = "HOST:PORT", default_value = default_listen())]
     pub listen: String,
     /// Shared secret file; created (mode 0600, random secret) if missing. Without it the
     /// secret comes from WANXFER_SECRET.
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub secret_file: Option<PathBuf>,
     /// Most concurrent sessions.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = ServerLimits::default().max_sessions)]
     pub max_sessions: usize,
     /// Most data channels one session may open.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = ServerLimits::default().max_streams)]
     pub max_streams: u16,
     /// Largest block a client may ask for.
-    #[arg(long, default_value = "16MiB", value_parser = parse_block_size)]
+    #[arg(long, value_name = "SIZE", default_value = size_text(ServerLimits::default().max_block_size.into()), value_parser = parse_block_size)]
     pub max_block_size: u32,
     /// Most memory one session's block pool may use.
-    #[arg(long, default_value = "512MiB", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = size_text(ServerLimits::default().max_pool_bytes as u64), value_parser = parse_size)]
     pub max_session_memory: u64,
     /// Disk reader threads per sending session.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = ServerLimits::default().readers)]
     pub readers: usize,
     /// Disk writer threads per receiving session.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = ServerLimits::default().writers)]
     pub writers: usize,
     /// How pulls send file bytes.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t = IoArg::from(ServerLimits::default().io))]
     pub io: IoArg,
     /// How pushed files are written.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t = WriteArg::from(ServerLimits::default().write))]
     pub write: WriteArg,
     /// `--transport fabric` offers libfabric channels as well as TCP.
     #[command(flatten)]
     pub transport: TransportArgs,
     /// Seconds a silent client (cut link, crashed host) is waited for.
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, value_name = "SECONDS", default_value_t = ServerLimits::default().stall_timeout.as_secs())]
     pub stall_timeout: u64,
 }
 
@@ -98,11 +112,11 @@ pub struct ServeArgs {
 pub struct TransportArgs {
     /// Data channels: parallel TCP streams, or libfabric endpoints moving blocks by RDMA
     /// write (RoCE, InfiniBand, iWARP through `verbs`; the `tcp` provider anywhere).
-    #[arg(long, value_enum, default_value = "tcp")]
+    #[arg(long, value_enum, default_value_t = TransportArg::from(&Transport::default()))]
     pub transport: TransportArg,
     /// libfabric provider for --transport fabric (`fi_info -l` lists this machine's);
     /// never silently replaced by another.
-    #[arg(long, default_value = "tcp")]
+    #[arg(long, default_value = DEFAULT_PROVIDER)]
     pub provider: String,
 }
 
@@ -110,6 +124,15 @@ pub struct TransportArgs {
 pub enum TransportArg {
     Tcp,
     Fabric,
+}
+
+impl From<&Transport> for TransportArg {
+    fn from(t: &Transport) -> TransportArg {
+        match t {
+            Transport::Tcp => TransportArg::Tcp,
+            Transport::Fabric { .. } => TransportArg::Fabric,
+        }
+    }
 }
 
 impl TransportArgs {
@@ -154,22 +177,22 @@ pub struct CpArgs {
     #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
     pub paths: Vec<PathBuf>,
     /// Parallel TCP streams (data channels).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = Tuning::default().streams)]
     pub streams: u16,
-    /// Block size: the unit read, sent, checksummed and written (e.g. 4MiB).
-    #[arg(long, default_value = "4MiB", value_parser = parse_block_size)]
+    /// Block size: the unit read, sent, checksummed and written.
+    #[arg(long, value_name = "SIZE", default_value = size_text(Tuning::default().block_size.into()), value_parser = parse_block_size)]
     pub block_size: u32,
     /// Blocks queued per stream.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = Tuning::default().depth)]
     pub depth: u16,
     /// Reader threads when sending.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = Tuning::default().readers)]
     pub readers: usize,
     /// Writer threads when receiving.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = Tuning::default().writers)]
     pub writers: usize,
     /// Move SIZE synthetic bytes (memory-to-memory) from /dev/zero.
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub bytes: Option<u64>,
     /// Print one JSON object with the results at the end.
     #[arg(long)]
@@ -178,7 +201,7 @@ pub struct CpArgs {
     #[arg(long, short)]
     pub quiet: bool,
     /// Shared secret file (else WANXFER_SECRET).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub secret_file: Option<PathBuf>,
     /// With --no-file-digest: no block CRC either, nothing is checked (measuring protocol
     /// cost). On its own it changes nothing: the segment digests check every block.
@@ -189,19 +212,19 @@ pub struct CpArgs {
     #[arg(long)]
     pub no_file_digest: bool,
     /// Seconds to wait for a connection.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_CONNECT_TIMEOUT_S)]
     pub connect_timeout: u64,
     /// How file bytes are sent when pushing.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t = IoArg::from(Tuning::default().io))]
     pub io: IoArg,
     /// How pulled files are written.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t = WriteArg::from(Tuning::default().write))]
     pub write: WriteArg,
     #[command(flatten)]
     pub transport: TransportArgs,
     /// Seconds a silent server (cut link, crashed host) is waited for before giving up
     /// with a network error.
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, value_name = "SECONDS", default_value_t = Tuning::default().stall_timeout.as_secs())]
     pub stall_timeout: u64,
 }
 
@@ -235,6 +258,17 @@ impl IoArg {
     }
 }
 
+impl From<IoMode> for IoArg {
+    fn from(mode: IoMode) -> IoArg {
+        match mode {
+            IoMode::Auto => IoArg::Auto,
+            IoMode::Sendfile => IoArg::Sendfile,
+            IoMode::Copy => IoArg::Copy,
+            IoMode::Zerocopy => IoArg::Zerocopy,
+        }
+    }
+}
+
 /// How received files are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum WriteArg {
@@ -254,6 +288,16 @@ impl WriteArg {
             WriteArg::Auto => WriteMode::Auto,
             WriteArg::Buffered => WriteMode::Buffered,
             WriteArg::Direct => WriteMode::Direct,
+        }
+    }
+}
+
+impl From<WriteMode> for WriteArg {
+    fn from(mode: WriteMode) -> WriteArg {
+        match mode {
+            WriteMode::Auto => WriteArg::Auto,
+            WriteMode::Buffered => WriteArg::Buffered,
+            WriteMode::Direct => WriteArg::Direct,
         }
     }
 }
@@ -422,6 +466,21 @@ fn parse_location(arg: &std::path::Path) -> Result<Location, Error> {
     })
 }
 
+fn default_listen() -> String {
+    format!("0.0.0.0:{DEFAULT_PORT}")
+}
+
+/// A size as the size flags take it, in the largest binary unit that divides it exactly
+/// (`4MiB`), so that `--help` shows defaults the way a person would write them.
+pub fn size_text(bytes: u64) -> String {
+    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if bytes != 0 && bytes % (1u64 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
 /// Parses sizes like `4096`, `64K`, `4MiB`, `1.5GB`: one-letter and `iB` suffixes are
 /// binary (as in dd and iperf3), `KB`/`MB`/`GB`/`TB` decimal.
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -503,6 +562,119 @@ mod tests {
             parse_location(std::path::Path::new("./local")).unwrap(),
             Location::Local(PathBuf::from("./local"))
         );
+    }
+
+    #[test]
+    fn help_defaults_are_the_engines() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let default_of = |sub: &str, long: &str| -> String {
+            let cmd = cli.find_subcommand(sub).unwrap();
+            let arg = cmd
+                .get_arguments()
+                .find(|a| a.get_long() == Some(long))
+                .unwrap_or_else(|| panic!("{sub} --{long}"));
+            arg.get_default_values()[0].to_string_lossy().into_owned()
+        };
+        let tuning = Tuning::default();
+        let limits = ServerLimits::default();
+        let size = |s: String| parse_size(&s).unwrap();
+        assert_eq!(default_of("cp", "streams"), tuning.streams.to_string());
+        assert_eq!(
+            size(default_of("cp", "block-size")),
+            u64::from(tuning.block_size)
+        );
+        assert_eq!(default_of("cp", "block-size"), "4MiB");
+        assert_eq!(default_of("cp", "depth"), tuning.depth.to_string());
+        assert_eq!(default_of("cp", "readers"), tuning.readers.to_string());
+        assert_eq!(default_of("cp", "writers"), tuning.writers.to_string());
+        assert_eq!(
+            default_of("cp", "stall-timeout"),
+            tuning.stall_timeout.as_secs().to_string()
+        );
+        assert_eq!(default_of("cp", "io"), "auto");
+        assert_eq!(default_of("cp", "transport"), "tcp");
+        assert_eq!(
+            default_of("serve", "max-sessions"),
+            limits.max_sessions.to_string()
+        );
+        assert_eq!(
+            size(default_of("serve", "max-block-size")),
+            u64::from(limits.max_block_size)
+        );
+        assert_eq!(
+            size(default_of("serve", "max-session-memory")),
+            limits.max_pool_bytes as u64
+        );
+        assert_eq!(default_of("serve", "max-session-memory"), "512MiB");
+        assert_eq!(default_of("serve", "listen"), "0.0.0.0:7800");
+    }
+
+    #[test]
+    fn flags_left_out_give_the_engines_defaults() {
+        let Command::Cp(cp) = Cli::parse_from(["wanxfer", "cp", "a", "wanxfer://h/x"]).command
+        else {
+            panic!("cp parses as cp")
+        };
+        let (ours, engine) = (cp.tuning(), Tuning::default());
+        assert_eq!(
+            (
+                ours.streams,
+                ours.block_size,
+                ours.depth,
+                ours.readers,
+                ours.writers
+            ),
+            (
+                engine.streams,
+                engine.block_size,
+                engine.depth,
+                engine.readers,
+                engine.writers
+            )
+        );
+        assert_eq!((ours.io, ours.write), (engine.io, engine.write));
+        assert_eq!(ours.transport, engine.transport);
+        assert_eq!(ours.stall_timeout, engine.stall_timeout);
+        let Command::Serve(serve) = Cli::parse_from(["wanxfer", "serve", "--root", "/x"]).command
+        else {
+            panic!("serve parses as serve")
+        };
+        let (ours, engine) = (serve.limits(), ServerLimits::default());
+        assert_eq!(
+            (
+                ours.max_sessions,
+                ours.max_streams,
+                ours.max_block_size,
+                ours.max_pool_bytes
+            ),
+            (
+                engine.max_sessions,
+                engine.max_streams,
+                engine.max_block_size,
+                engine.max_pool_bytes
+            )
+        );
+        assert_eq!(
+            (ours.readers, ours.writers),
+            (engine.readers, engine.writers)
+        );
+        assert_eq!((ours.io, ours.write), (engine.io, engine.write));
+        assert_eq!(ours.fabric_provider, engine.fabric_provider);
+        assert_eq!(ours.stall_timeout, engine.stall_timeout);
+    }
+
+    #[test]
+    fn sizes_print_as_they_parse() {
+        for bytes in [1, 4095, 4096, 4 << 20, 512 << 20, 3 << 30, (1 << 40) + 1024] {
+            assert_eq!(
+                parse_size(&size_text(bytes)),
+                Ok(bytes),
+                "{}",
+                size_text(bytes)
+            );
+        }
+        assert_eq!(size_text(16 << 20), "16MiB");
     }
 
     #[test]

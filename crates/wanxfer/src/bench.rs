@@ -287,7 +287,7 @@ fn measure(addr: &str, secret: &[u8], bytes: u64, tuning: Tuning) -> Result<Poin
         server: addr.to_string(),
         secret: secret.to_vec(),
         tuning,
-        connect_timeout: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(crate::args::DEFAULT_CONNECT_TIMEOUT_S),
     };
     let job = ClientJob::Push {
         source: Source::Synthetic { bytes },
