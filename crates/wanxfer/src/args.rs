@@ -17,7 +17,7 @@ use wanxfer_engine::source::{IoMode, Source};
 use wanxfer_engine::Error;
 use wanxfer_proto::RelPath;
 
-/// The port a server listens on unless told otherwise.
+/// The port a server listens on, and a `wanxfer://HOST/...` URL without one reaches.
 pub const DEFAULT_PORT: u16 = 7800;
 /// Seconds a client waits for a connection (`cp`, `bench`).
 pub const DEFAULT_CONNECT_TIMEOUT_S: u64 = 10;
@@ -171,9 +171,9 @@ impl ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct CpArgs {
-    /// Sources then destination. A remote side is wanxfer://HOST:PORT/PATH, PATH relative
-    /// to the server's root. Memory-to-memory: `--bytes 4GiB /dev/zero
-    /// wanxfer://HOST:PORT/dev/null` (or pull from .../dev/zero into /dev/null).
+    /// Sources then destination. A remote side is wanxfer://HOST[:PORT]/PATH (port 7800
+    /// if none), PATH relative to the server's root. Memory-to-memory: `--bytes 4GiB
+    /// /dev/zero wanxfer://HOST/dev/null` (or pull from .../dev/zero into /dev/null).
     #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
     pub paths: Vec<PathBuf>,
     /// Parallel TCP streams (data channels).
@@ -399,7 +399,7 @@ impl CpArgs {
         for src in srcs {
             let Location::Remote { server: s, path } = src else {
                 return Err(Error::Usage(
-                    "one side must be remote (wanxfer://HOST:PORT/PATH); for local copies use cp"
+                    "one side must be remote (wanxfer://HOST[:PORT]/PATH); for local copies use cp"
                         .into(),
                 ));
             };
@@ -417,7 +417,7 @@ impl CpArgs {
             }
             Some(_) => {
                 return Err(Error::Usage(
-                    "--bytes pulls from exactly one source, wanxfer://HOST:PORT/dev/zero".into(),
+                    "--bytes pulls from exactly one source, wanxfer://HOST[:PORT]/dev/zero".into(),
                 ))
             }
             None => None,
@@ -438,36 +438,119 @@ impl CpArgs {
     }
 }
 
+/// A side of a copy from its argument: `wanxfer://HOST[:PORT]/PATH` is remote, anything
+/// else local, except what is plainly a URL gone wrong (another scheme, `wanxfer:/x`,
+/// `wanxfer//x`, `wanxfr://x`): taken as a local path, that would copy into or out of a
+/// directory named after the typo, so it is refused. A local path that really looks like
+/// that can be written `./wanxfer:/x`.
 fn parse_location(arg: &std::path::Path) -> Result<Location, Error> {
     use std::os::unix::ffi::OsStrExt;
     let bytes = arg.as_os_str().as_bytes();
-    let Some(rest) = bytes.strip_prefix(b"wanxfer://") else {
+    let scheme_len = bytes
+        .iter()
+        .position(|b| !(b.is_ascii_alphanumeric() || b"+.-".contains(b)))
+        .unwrap_or(bytes.len());
+    let (scheme, rest) = bytes.split_at(scheme_len);
+    let expected = "a remote side is wanxfer://HOST[:PORT]/PATH; a local path that looks like a URL can be written ./PATH";
+    if !scheme.first().is_some_and(u8::is_ascii_alphabetic) {
+        return Ok(Location::Local(arg.to_path_buf()));
+    }
+    let Some(rest) = rest.strip_prefix(b"://") else {
+        let typo = edit_distance(&scheme.to_ascii_lowercase(), b"wanxfer") <= 2
+            && (rest.starts_with(b":") || rest.starts_with(b"//"));
+        if typo {
+            return Err(Error::Usage(format!(
+                "{}: not a wanxfer URL: {expected}",
+                arg.display()
+            )));
+        }
         return Ok(Location::Local(arg.to_path_buf()));
     };
+    if !scheme.eq_ignore_ascii_case(b"wanxfer") {
+        return Err(Error::Usage(format!(
+            "{}: unknown scheme {}://: {expected}",
+            arg.display(),
+            String::from_utf8_lossy(scheme)
+        )));
+    }
     let split = rest.iter().position(|&b| b == b'/').unwrap_or(rest.len());
     let (authority, path) = rest.split_at(split);
     let server = std::str::from_utf8(authority)
-        .ok()
-        .filter(|a| {
-            a.rsplit_once(':')
-                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
-        })
-        .ok_or_else(|| {
-            Error::Usage(format!(
-                "{}: expected wanxfer://HOST:PORT/PATH",
-                arg.display()
-            ))
-        })?;
+        .map_err(|_| "the host is not UTF-8".to_string())
+        .and_then(server_address)
+        .map_err(|why| Error::Usage(format!("{}: {why}", arg.display())))?;
     let path = path.strip_prefix(b"/").unwrap_or(path);
     let path = RelPath::new(path).map_err(|e| Error::Usage(format!("{}: {e}", arg.display())))?;
-    Ok(Location::Remote {
-        server: server.to_string(),
-        path,
-    })
+    Ok(Location::Remote { server, path })
+}
+
+/// `HOST[:PORT]` (an IPv6 address in brackets) as `HOST:PORT`, with [`DEFAULT_PORT`] when
+/// none is given.
+fn server_address(authority: &str) -> Result<String, String> {
+    let (host, port) = match authority.rsplit_once(':') {
+        // The colon of an IPv6 address is not a port separator unless a `]` precedes it.
+        Some((host, port)) if !host.starts_with('[') || host.ends_with(']') => (host, Some(port)),
+        _ => (authority, None),
+    };
+    if host.is_empty() || host == "[]" {
+        return Err("no host: expected wanxfer://HOST[:PORT]/PATH".into());
+    }
+    if host.starts_with('[') != host.ends_with(']')
+        || (!host.starts_with('[') && host.contains(':'))
+    {
+        return Err(format!(
+            "{host:?} is not a host: an IPv6 address goes in brackets, [::1]:{DEFAULT_PORT}"
+        ));
+    }
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|&p| p != 0)
+            .ok_or_else(|| format!("{p:?} is not a port (1-65535)"))?,
+    };
+    Ok(format!("{host}:{port}"))
+}
+
+/// `bench --server`: `HOST[:PORT]` or `wanxfer://HOST[:PORT]`, as `HOST:PORT`.
+pub fn parse_server(s: &str) -> Result<String, String> {
+    let authority = match s.split_once("://") {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("wanxfer") => {
+            rest.strip_suffix('/').unwrap_or(rest)
+        }
+        Some((scheme, _)) => {
+            return Err(format!(
+                "unknown scheme {scheme}://: give HOST[:PORT] or wanxfer://HOST[:PORT]"
+            ))
+        }
+        None => s,
+    };
+    if authority.contains('/') {
+        return Err("a server, not a path: give HOST[:PORT] or wanxfer://HOST[:PORT]".into());
+    }
+    server_address(authority)
 }
 
 fn default_listen() -> String {
     format!("0.0.0.0:{DEFAULT_PORT}")
+}
+
+/// Levenshtein distance, for spotting a mistyped scheme.
+pub fn edit_distance(a: &[u8], b: &[u8]) -> usize {
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 /// A size as the size flags take it, in the largest binary unit that divides it exactly
@@ -556,12 +639,76 @@ mod tests {
         );
         let root = parse_location(std::path::Path::new("wanxfer://[::1]:7800")).unwrap();
         assert!(matches!(root, Location::Remote { path, .. } if path.is_root()));
-        assert!(parse_location(std::path::Path::new("wanxfer://host/x")).is_err());
         assert!(parse_location(std::path::Path::new("wanxfer://h:1/../etc")).is_err());
         assert_eq!(
             parse_location(std::path::Path::new("./local")).unwrap(),
             Location::Local(PathBuf::from("./local"))
         );
+    }
+
+    fn server_of(url: &str) -> Result<String, String> {
+        match parse_location(std::path::Path::new(url)) {
+            Ok(Location::Remote { server, .. }) => Ok(server),
+            Ok(Location::Local(_)) => Err("local".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    #[test]
+    fn a_url_without_a_port_reaches_the_default_port() {
+        assert_eq!(server_of("wanxfer://dtn2/x"), Ok("dtn2:7800".into()));
+        assert_eq!(server_of("wanxfer://dtn2"), Ok("dtn2:7800".into()));
+        assert_eq!(server_of("WANXFER://dtn2:9/x"), Ok("dtn2:9".into()));
+        assert_eq!(server_of("wanxfer://[::1]/x"), Ok("[::1]:7800".into()));
+        assert_eq!(server_of("wanxfer://[::1]:7801/"), Ok("[::1]:7801".into()));
+        for bad in [
+            "wanxfer:///x",
+            "wanxfer://:7800/x",
+            "wanxfer://h:/x",
+            "wanxfer://h:0/x",
+            "wanxfer://h:99999/x",
+            "wanxfer://::1/x",
+            "wanxfer://[::1/x",
+        ] {
+            assert!(server_of(bad).is_err_and(|e| e != "local"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn mistyped_schemes_are_refused_not_taken_as_local_paths() {
+        for typo in [
+            "wanxfr://h/x",
+            "http://h/x",
+            "wanxfer:/x",
+            "wanxfer:x",
+            "wanxfer//h/x",
+            "wanxfe://h:1/x",
+            "wnaxfer:/x",
+        ] {
+            let err = server_of(typo).unwrap_err();
+            assert!(err.contains("wanxfer://HOST[:PORT]/PATH"), "{typo}: {err}");
+        }
+        for local in [
+            "wanxfer/x",
+            "./wanxfer:/x",
+            "data:/x",
+            "a:b",
+            "/tmp/x",
+            "-",
+            "x//y",
+        ] {
+            assert_eq!(server_of(local), Err("local".into()), "{local}");
+        }
+    }
+
+    #[test]
+    fn bench_servers_take_a_url_or_host_and_port() {
+        assert_eq!(parse_server("dtn2:7801"), Ok("dtn2:7801".into()));
+        assert_eq!(parse_server("dtn2"), Ok("dtn2:7800".into()));
+        assert_eq!(parse_server("wanxfer://dtn2:7801"), Ok("dtn2:7801".into()));
+        assert_eq!(parse_server("wanxfer://dtn2/"), Ok("dtn2:7800".into()));
+        assert!(parse_server("wanxfer://dtn2/data").is_err());
+        assert!(parse_server("https://dtn2").is_err());
     }
 
     #[test]

@@ -25,8 +25,9 @@ use crate::args::{parse_size, parse_size_list};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// Use this server (HOST:PORT) instead of starting one on loopback.
-    #[arg(long)]
+    /// Use this server (wanxfer://HOST[:PORT] or HOST[:PORT]) instead of starting one on
+    /// loopback.
+    #[arg(long, value_parser = crate::args::parse_server)]
     pub server: Option<String>,
     /// Bytes moved per measurement.
     #[arg(long, default_value = "4GiB", value_parser = parse_size)]

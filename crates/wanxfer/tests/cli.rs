@@ -1,0 +1,116 @@
+//! What a person meets at the command line: a mistyped or incomplete URL, with the
+//! README's exit codes.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::fs;
+use std::process::Command;
+
+use common::*;
+
+/// `wanxfer ARGS` with the test secret and no RUST_LOG, to completion.
+fn wanxfer<I, S>(args: I) -> Run
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let out = Command::new(wanxfer_bin())
+        .args(args)
+        .env("WANXFER_SECRET", SECRET)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run wanxfer");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// A URL without a port reaches 7800: through a real server when the port is free here,
+/// else through the error, which names the address it tried.
+#[test]
+fn a_url_without_a_port_reaches_port_7800() {
+    let src = tempfile::NamedTempFile::new().unwrap();
+    fs::write(src.path(), b"to the default port").unwrap();
+    let free = std::net::TcpListener::bind("127.0.0.1:7800").is_ok();
+    if free {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        fs::create_dir(&root).unwrap();
+        let mut serve = Command::new(wanxfer_bin());
+        serve.args(["serve", "--listen", "127.0.0.1:7800"]);
+        let server = Server::start_with(serve, &root, &[]);
+        assert_eq!(server.addr, "127.0.0.1:7800");
+        cp([src.path().as_os_str(), OsStr::new("wanxfer://127.0.0.1/f")]).assert_ok();
+        assert_eq!(fs::read(root.join("f")).unwrap(), b"to the default port");
+    } else {
+        let run = cp([src.path().as_os_str(), OsStr::new("wanxfer://127.0.0.1/f")]);
+        assert_ne!(run.code, 2, "{run:#?}");
+        run.assert_stderr_mentions("127.0.0.1:7800");
+    }
+}
+
+#[test]
+fn mistyped_urls_are_usage_errors_not_local_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("f");
+    fs::write(&src, b"x").unwrap();
+    for typo in [
+        "wanxfr://127.0.0.1:1/x",
+        "wanxfer:/x",
+        "wanxfer//127.0.0.1:1/x",
+        "http://127.0.0.1:1/x",
+    ] {
+        let run = wanxfer([
+            OsStr::new("cp"),
+            OsStr::new("-q"),
+            src.as_os_str(),
+            OsStr::new(typo),
+        ]);
+        run.assert_code(2)
+            .assert_stderr_mentions(typo)
+            .assert_stderr_mentions("wanxfer://HOST[:PORT]/PATH");
+        // Pulling "from" the typo into a local directory is refused the same way.
+        let run = wanxfer([OsStr::new("cp"), OsStr::new(typo), dir.path().as_os_str()]);
+        run.assert_code(2).assert_stderr_mentions(typo);
+    }
+    let left: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(left.len(), 1, "nothing was created beside the source");
+    // What is not a near miss of wanxfer:// stays a local path.
+    let run = wanxfer([
+        OsStr::new("cp"),
+        OsStr::new("-q"),
+        OsStr::new("data:/x"),
+        OsStr::new("wanxfer://127.0.0.1:1/x"),
+    ]);
+    assert_ne!(run.code, 2, "{run:#?}");
+}
+
+#[test]
+fn bench_takes_a_wanxfer_url_for_its_server() {
+    let site = Site::new();
+    let run = wanxfer([
+        "bench",
+        "--server",
+        &format!("wanxfer://{}/", site.server.addr),
+        "--bytes",
+        "8MiB",
+        "--block-sizes",
+        "256KiB",
+        "--depths",
+        "1",
+        "--streams",
+        "1",
+    ]);
+    run.assert_ok();
+    assert_eq!(
+        run.stdout.lines().count(),
+        2,
+        "a header and one point: {run:#?}"
+    );
+    wanxfer(["bench", "--server", "wanxfer://127.0.0.1:1/data"])
+        .assert_code(2)
+        .assert_stderr_mentions("not a path");
+}
