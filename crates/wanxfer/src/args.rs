@@ -69,7 +69,7 @@ pub struct ServeArgs {
     pub root: PathBuf,
     /// Address and port to listen on (0.0.0.0 for every IPv4 address, [::] for every
     /// address).
-    #[arg(long, value_name = "HOST:PORT", default_value = default_listen())]
+    #[arg(long, value_name = "HOST:PORT", default_value = default_listen(), value_parser = parse_listen)]
     pub listen: String,
     /// Shared secret file; created (mode 0600, random secret) if missing. Without it the
     /// secret comes from WANXFER_SECRET.
@@ -536,6 +536,26 @@ fn default_listen() -> String {
     format!("0.0.0.0:{DEFAULT_PORT}")
 }
 
+/// `serve --listen`: `HOST:PORT` with both parts, so that a bare port, which would
+/// otherwise fail later as an unresolvable name (exit 4, "network"), is a usage error
+/// that says what to write.
+fn parse_listen(s: &str) -> Result<String, String> {
+    let hint = |port: &str| {
+        format!("give an address and a port: 0.0.0.0:{port} (every IPv4 address), [::]:{port} (every address) or 127.0.0.1:{port}")
+    };
+    if s.parse::<u16>().is_ok() {
+        return Err(format!("{s:?} is only a port: {}", hint(s)));
+    }
+    match s.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(s.to_string()),
+        Some(("", port)) => Err(format!("{s:?} has no address: {}", hint(port))),
+        _ => Err(format!(
+            "{s:?} is not HOST:PORT: {}",
+            hint(&DEFAULT_PORT.to_string())
+        )),
+    }
+}
+
 /// Levenshtein distance, for spotting a mistyped scheme.
 pub fn edit_distance(a: &[u8], b: &[u8]) -> usize {
     let mut row: Vec<usize> = (0..=b.len()).collect();
@@ -709,6 +729,18 @@ mod tests {
         assert_eq!(parse_server("wanxfer://dtn2/"), Ok("dtn2:7800".into()));
         assert!(parse_server("wanxfer://dtn2/data").is_err());
         assert!(parse_server("https://dtn2").is_err());
+    }
+
+    #[test]
+    fn listen_addresses_need_a_host_and_a_port() {
+        assert_eq!(parse_listen("0.0.0.0:7803"), Ok("0.0.0.0:7803".into()));
+        assert_eq!(parse_listen("[::]:7803"), Ok("[::]:7803".into()));
+        assert_eq!(parse_listen("localhost:1"), Ok("localhost:1".into()));
+        let bare = parse_listen("7803").unwrap_err();
+        assert!(bare.contains("0.0.0.0:7803"), "{bare}");
+        assert!(parse_listen(":7803").unwrap_err().contains("0.0.0.0:7803"));
+        assert!(parse_listen("host").is_err());
+        assert!(parse_listen("host:http").is_err());
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! What a person meets at the command line: a mistyped or incomplete URL, with the
-//! README's exit codes.
+//! What a person meets at the command line: errors for mistyped URLs and addresses, with
+//! the README's exit codes.
 
 mod common;
 
@@ -86,6 +86,44 @@ fn mistyped_urls_are_usage_errors_not_local_paths() {
         OsStr::new("wanxfer://127.0.0.1:1/x"),
     ]);
     assert_ne!(run.code, 2, "{run:#?}");
+}
+
+#[test]
+fn serve_listen_without_a_host_exits_2_with_the_address_to_write() {
+    let dir = tempfile::tempdir().unwrap();
+    for listen in ["7803", ":7803"] {
+        let run = wanxfer([
+            OsStr::new("serve"),
+            OsStr::new("--root"),
+            dir.path().as_os_str(),
+            OsStr::new("--listen"),
+            OsStr::new(listen),
+        ]);
+        run.assert_code(2).assert_stderr_mentions("0.0.0.0:7803");
+    }
+    let run = wanxfer(["serve", "--listen", "127.0.0.1:0"]);
+    run.assert_code(2).assert_stderr_mentions("--root");
+}
+
+#[test]
+fn a_missing_secret_file_is_a_usage_error() {
+    let run = wanxfer([
+        "cp",
+        "--secret-file",
+        "/nonexistent/wanxfer.secret",
+        "/etc/hostname",
+        "wanxfer://127.0.0.1:1/x",
+    ]);
+    run.assert_code(2)
+        .assert_stderr_mentions("/nonexistent/wanxfer.secret");
+    let run = wanxfer([
+        "bench",
+        "--server",
+        "127.0.0.1:1",
+        "--secret-file",
+        "/nonexistent/wanxfer.secret",
+    ]);
+    run.assert_code(2);
 }
 
 #[test]
