@@ -62,6 +62,35 @@ pub enum Command {
     Bench(crate::bench::BenchArgs),
 }
 
+impl Cli {
+    /// The logging flags of the command being run.
+    pub fn log(&self) -> LogArgs {
+        match &self.command {
+            Command::Serve(a) => a.log.clone(),
+            Command::Cp(a) => a.log.clone(),
+            Command::Bench(a) => a.log.clone(),
+        }
+    }
+}
+
+/// How log lines on stderr are written.
+#[derive(Debug, Clone, Default, Args)]
+pub struct LogArgs {
+    /// Log lines on stderr as text, or as one JSON object per line for a log collector.
+    /// RUST_LOG sets the level (serve logs at info, cp and bench at warn).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Plain lines, coloured only when stderr is a terminal (and NO_COLOR is unset).
+    #[default]
+    Text,
+    /// One JSON object per line: timestamp, level, target, message and fields.
+    Json,
+}
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// The directory served: nothing outside it is ever read or written.
@@ -105,6 +134,8 @@ pub struct ServeArgs {
     /// Seconds a silent client (cut link, crashed host) is waited for.
     #[arg(long, value_name = "SECONDS", default_value_t = ServerLimits::default().stall_timeout.as_secs())]
     pub stall_timeout: u64,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// Which data channels to use (cp, bench) or offer (serve).
@@ -226,6 +257,8 @@ pub struct CpArgs {
     /// with a network error.
     #[arg(long, value_name = "SECONDS", default_value_t = Tuning::default().stall_timeout.as_secs())]
     pub stall_timeout: u64,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// How file bytes are sent.

@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use plotters::prelude::*;
 use serde::Serialize;
 use wanxfer_engine::progress::Progress;
@@ -65,6 +65,8 @@ pub struct BenchArgs {
     /// RDMA write over --provider against TCP, both ends in this process on loopback.
     #[arg(long)]
     pub latency: bool,
+    #[command(flatten)]
+    pub log: crate::args::LogArgs,
 }
 
 #[derive(Debug, Serialize)]
@@ -136,7 +138,11 @@ struct LocalServer {
 }
 
 impl LocalServer {
-    fn start(secret: &[u8], transport: &crate::args::TransportArgs) -> Result<LocalServer, Error> {
+    fn start(
+        secret: &[u8],
+        transport: &crate::args::TransportArgs,
+        log: &crate::args::LogArgs,
+    ) -> Result<LocalServer, Error> {
         let root =
             tempfile::tempdir().map_err(|e| Error::local("create", "a temporary root", e))?;
         let exe =
@@ -144,6 +150,13 @@ impl LocalServer {
         let mut child = Command::new(exe)
             .args(["serve", "--listen", "127.0.0.1:0", "--root"])
             .arg(root.path())
+            .arg("--log-format")
+            .arg(
+                log.log_format
+                    .to_possible_value()
+                    .expect("no log format is hidden")
+                    .get_name(),
+            )
             .args(
                 transport
                     .offered_provider()
@@ -204,7 +217,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
         ),
         None => {
             let secret = crate::secret::generate()?.into_bytes();
-            let server = LocalServer::start(&secret, &args.transport)?;
+            let server = LocalServer::start(&secret, &args.transport, &args.log)?;
             (secret, Some(server))
         }
     };

@@ -6,6 +6,7 @@ mod bench;
 mod output;
 mod secret;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use wanxfer_engine::progress::Progress;
 use wanxfer_engine::session::{run_client, Server};
 use wanxfer_engine::{Error, ErrorClass};
 
-use args::{Cli, Command, CpArgs, ServeArgs};
+use args::{Cli, Command, CpArgs, LogFormat, ServeArgs};
 
 /// Exit codes, one per failure class (documented in `--help` and the README).
 pub mod exit {
@@ -60,6 +61,8 @@ fn main() -> ExitCode {
     }
 }
 
+/// Log lines go to stderr, as text or JSON; colour only for a person at a terminal, so
+/// that a log file, journald or a pipe never gets escape codes.
 fn init_logging(cli: &Cli) {
     let default = match &cli.command {
         Command::Serve(_) => "info",
@@ -67,19 +70,26 @@ fn init_logging(cli: &Cli) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match cli.log().log_format {
+        LogFormat::Text => {
+            let colour = std::io::stderr().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+            builder.with_ansi(colour).init();
+        }
+        LogFormat::Json => builder.json().flatten_event(true).with_ansi(false).init(),
+    }
 }
 
 fn serve(args: ServeArgs) -> Result<(), Error> {
     let secret = secret::for_server(args.secret_file.as_deref())?;
     let server = Server::bind(&args.listen, &args.root, secret, args.limits())?;
     let addr = server.local_addr()?;
-    // Tests and scripts read this line to learn the port when listening on port 0.
+    // The one start line, on stdout: scripts and tests read the address from it (the port
+    // when listening on port 0). It is not logged too, which would say it twice.
     println!("wanxfer serving {} on {addr}", args.root.display());
-    tracing::info!("serving {} on {addr}", args.root.display());
     server.serve(&Cancel::default())
 }
 

@@ -57,8 +57,9 @@ fn create_file(path: &Path) -> Result<Vec<u8>, Error> {
         .open(path)
         .map_err(|e| Error::local("create secret file", path.display(), e))?;
     writeln!(file, "{secret}").map_err(|e| Error::local("write secret file", path.display(), e))?;
-    eprintln!(
-        "wanxfer: created secret file {} (mode 0600); give clients the same secret",
+    // Logged rather than printed, so that a server logging JSON reports it as JSON.
+    tracing::warn!(
+        "created secret file {} (mode 0600); give clients the same secret",
         path.display()
     );
     Ok(secret.into_bytes())

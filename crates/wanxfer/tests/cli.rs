@@ -1,5 +1,5 @@
 //! What a person meets at the command line: errors for mistyped URLs and addresses, with
-//! the README's exit codes.
+//! the README's exit codes, and the server's log format.
 
 mod common;
 
@@ -26,6 +26,10 @@ where
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
+}
+
+fn has_escape_codes(text: &str) -> bool {
+    text.contains('\u{1b}')
 }
 
 /// A URL without a port reaches 7800: through a real server when the port is free here,
@@ -151,4 +155,31 @@ fn bench_takes_a_wanxfer_url_for_its_server() {
     wanxfer(["bench", "--server", "wanxfer://127.0.0.1:1/data"])
         .assert_code(2)
         .assert_stderr_mentions("not a path");
+}
+
+/// The server's start line is printed once, on stdout, and not logged again; its log,
+/// written to a file, has no colour codes; and `--log-format json` logs JSON.
+#[test]
+fn the_server_says_where_it_serves_once_and_logs_without_colour() {
+    let site = Site::new();
+    let src = site.path("f");
+    write_pattern(&src, 1 << 20, 2);
+    cp([src.as_os_str(), &site.server.url("f")]).assert_ok();
+    let log = site.server.log();
+    assert!(!log.is_empty(), "the server logs the session at info");
+    assert!(!has_escape_codes(&log), "{log:?}");
+    assert!(
+        !log.contains("serving"),
+        "the start line is not logged: {log}"
+    );
+    assert!(!log.trim_start().starts_with('{'), "text by default: {log}");
+
+    let json = Site::with_serve_flags(&["--log-format", "json"]);
+    cp([src.as_os_str(), &json.server.url("f")]).assert_ok();
+    let log = json.server.log();
+    for l in log.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}"));
+        assert!(v["timestamp"].is_string(), "{l}");
+    }
 }
