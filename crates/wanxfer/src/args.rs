@@ -49,10 +49,20 @@ pub struct Cli {
     pub command: Command,
 }
 
+const SERVE_ABOUT: &str = "\
+Serve one directory to authenticated clients.
+
+Settings can come from a TOML file (--config FILE): every flag below is a key, named as
+the long flag without its dashes (`max-sessions = 16`; `max_sessions` is accepted too),
+with the value the flag would take: a string or a number (`max-session-memory =
+\"512MiB\"`), true or false for a flag without a value. Flags given on the command line
+win over the file. --check-config FILE checks a file the same way and exits 0, or 2
+naming each key that is unknown, of the wrong type or refused by its flag.";
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve one directory to authenticated clients.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = EXIT_CODES, long_about = SERVE_ABOUT)]
     Serve(ServeArgs),
     /// Copy files and trees to or from a server (like `cp -r`).
     #[command(after_help = EXIT_CODES)]
@@ -93,9 +103,16 @@ pub enum LogFormat {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// The directory served: nothing outside it is ever read or written.
+    /// Read settings from this TOML file (see above); flags given here win over it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Check this configuration file and exit: 0 if it is valid, else 2 naming each bad key.
+    #[arg(long, value_name = "FILE", exclusive = true)]
+    pub check_config: Option<PathBuf>,
+    /// The directory served: nothing outside it is ever read or written. Required, here
+    /// or as `root` in the configuration file.
     #[arg(long, value_name = "DIR")]
-    pub root: PathBuf,
+    pub root: Option<PathBuf>,
     /// Address and port to listen on (0.0.0.0 for every IPv4 address, [::] for every
     /// address).
     #[arg(long, value_name = "HOST:PORT", default_value = default_listen(), value_parser = parse_listen)]
@@ -183,6 +200,19 @@ impl TransportArgs {
 }
 
 impl ServeArgs {
+    /// The directory to serve, which the command line or the configuration file must give.
+    pub fn root(&self) -> Result<&std::path::Path, Error> {
+        self.root.as_deref().ok_or_else(|| {
+            Error::Usage(match &self.config {
+                Some(file) => format!(
+                    "no directory to serve: give --root DIR, or root = \"DIR\" in {}",
+                    file.display()
+                ),
+                None => "no directory to serve: give --root DIR".into(),
+            })
+        })
+    }
+
     pub fn limits(&self) -> ServerLimits {
         ServerLimits {
             max_sessions: self.max_sessions.max(1),
@@ -589,7 +619,7 @@ fn parse_listen(s: &str) -> Result<String, String> {
     }
 }
 
-/// Levenshtein distance, for spotting a mistyped scheme.
+/// Levenshtein distance, for spotting typos of a scheme or a configuration key.
 pub fn edit_distance(a: &[u8], b: &[u8]) -> usize {
     let mut row: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.iter().enumerate() {

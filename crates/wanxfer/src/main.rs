@@ -3,6 +3,7 @@
 
 mod args;
 mod bench;
+mod config;
 mod output;
 mod secret;
 
@@ -10,7 +11,6 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
 use wanxfer_engine::pool::Cancel;
 use wanxfer_engine::progress::Progress;
 use wanxfer_engine::session::{run_client, Server};
@@ -45,7 +45,23 @@ fn exit_code(e: &Error) -> u8 {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match config::parse(std::env::args_os().collect()) {
+        Ok(cli) => cli,
+        Err(config::ParseFailure::Clap(e)) => e.exit(),
+        Err(config::ParseFailure::Config(problems)) => {
+            for p in problems {
+                eprintln!("wanxfer: {p}");
+            }
+            return ExitCode::from(exit::USAGE);
+        }
+    };
+    if let Command::Serve(ServeArgs {
+        check_config: Some(file),
+        ..
+    }) = &cli.command
+    {
+        return check_config(file);
+    }
     init_logging(&cli);
     let result = match cli.command {
         Command::Serve(args) => serve(args),
@@ -83,13 +99,31 @@ fn init_logging(cli: &Cli) {
     }
 }
 
+/// `serve --check-config FILE`: every problem on its own line, exit 2 if there is one.
+fn check_config(file: &std::path::Path) -> ExitCode {
+    match config::check(file) {
+        Ok(settings) => {
+            let s = if settings == 1 { "" } else { "s" };
+            println!("{}: valid ({settings} setting{s})", file.display());
+            ExitCode::from(exit::OK)
+        }
+        Err(problems) => {
+            for p in problems {
+                eprintln!("wanxfer: {p}");
+            }
+            ExitCode::from(exit::USAGE)
+        }
+    }
+}
+
 fn serve(args: ServeArgs) -> Result<(), Error> {
+    let root = args.root()?;
     let secret = secret::for_server(args.secret_file.as_deref())?;
-    let server = Server::bind(&args.listen, &args.root, secret, args.limits())?;
+    let server = Server::bind(&args.listen, root, secret, args.limits())?;
     let addr = server.local_addr()?;
     // The one start line, on stdout: scripts and tests read the address from it (the port
     // when listening on port 0). It is not logged too, which would say it twice.
-    println!("wanxfer serving {} on {addr}", args.root.display());
+    println!("wanxfer serving {} on {addr}", root.display());
     server.serve(&Cancel::default())
 }
 

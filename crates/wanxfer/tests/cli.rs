@@ -1,11 +1,12 @@
 //! What a person meets at the command line: errors for mistyped URLs and addresses, with
-//! the README's exit codes, and the server's log format.
+//! the README's exit codes, and the server's configuration file and log format.
 
 mod common;
 
 use std::ffi::OsStr;
 use std::fs;
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 
 use common::*;
 
@@ -155,6 +156,100 @@ fn bench_takes_a_wanxfer_url_for_its_server() {
     wanxfer(["bench", "--server", "wanxfer://127.0.0.1:1/data"])
         .assert_code(2)
         .assert_stderr_mentions("not a path");
+}
+
+#[test]
+fn check_config_accepts_a_good_file_and_names_every_bad_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.toml");
+    fs::write(
+        &good,
+        "root = \"/srv\"\nmax-sessions = 4\nmax_session_memory = \"1GiB\"\nio = \"copy\"\n",
+    )
+    .unwrap();
+    let run = wanxfer([
+        OsStr::new("serve"),
+        OsStr::new("--check-config"),
+        good.as_os_str(),
+    ]);
+    run.assert_ok();
+    assert!(run.stdout.contains("valid (4 settings)"), "{run:#?}");
+
+    let bad = dir.path().join("bad.toml");
+    fs::write(
+        &bad,
+        "root = \"/srv\"\nmax_sessions = \"lots\"\nmax-streems = 4\nio = 3\n",
+    )
+    .unwrap();
+    let run = wanxfer([
+        OsStr::new("serve"),
+        OsStr::new("--check-config"),
+        bad.as_os_str(),
+    ]);
+    run.assert_code(2)
+        .assert_stderr_mentions("key `max_sessions`: \"lots\"")
+        .assert_stderr_mentions("unknown key `max-streems`: did you mean `max-streams`?")
+        .assert_stderr_mentions("key `io`: expected a string");
+    assert_eq!(
+        run.stderr.lines().count(),
+        3,
+        "one line per bad key: {run:#?}"
+    );
+
+    // `serve --config` refuses to start on the same file, with the same words.
+    let run = wanxfer([OsStr::new("serve"), OsStr::new("--config"), bad.as_os_str()]);
+    run.assert_code(2).assert_stderr_mentions("max-streems");
+}
+
+/// A server from a configuration file: the file's settings apply, and a flag given on
+/// the command line wins (the file's address is one no interface here has, so the
+/// server would not start had the file won).
+#[test]
+fn a_server_runs_from_its_configuration_file_with_flags_winning() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("served");
+    fs::create_dir(&root).unwrap();
+    let config = dir.path().join("wanxfer.toml");
+    fs::write(
+        &config,
+        format!(
+            "root = {:?}\nlisten = \"192.0.2.1:7800\"\nmax_sessions = 1\nlog-format = \"json\"\n",
+            root.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(wanxfer_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .env("WANXFER_SECRET", SECRET)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line.trim().rsplit(" on ").next().unwrap().to_string();
+    assert!(
+        line.starts_with(&format!("wanxfer serving {} on 127.0.0.1:", root.display())),
+        "{line:?}"
+    );
+    let src = dir.path().join("f");
+    write_pattern(&src, 1 << 20, 3);
+    cp([src.as_os_str(), OsStr::new(&format!("wanxfer://{addr}/f"))]).assert_ok();
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(fs::read(root.join("f")).unwrap(), fs::read(&src).unwrap());
+    // log-format came from the file: every log line is a JSON object.
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!log.trim().is_empty(), "the session was logged");
+    for l in log.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}"));
+        assert!(v["level"].is_string() && v["message"].is_string(), "{l}");
+    }
 }
 
 /// The server's start line is printed once, on stdout, and not logged again; its log,
