@@ -258,7 +258,8 @@ pub struct CpArgs {
     /// Print one JSON object with the results at the end.
     #[arg(long)]
     pub json: bool,
-    /// No progress bar.
+    /// Print nothing on success: no progress bar, no summary, no notes or warnings
+    /// (errors, and the JSON --json asks for, are still printed).
     #[arg(long, short)]
     pub quiet: bool,
     /// Shared secret file (else WANXFER_SECRET).
@@ -401,7 +402,7 @@ impl CpArgs {
     }
 
     pub fn request(&self, secret: Vec<u8>) -> Result<Request, Error> {
-        if self.no_file_digest {
+        if self.no_file_digest && !self.quiet {
             eprintln!("wanxfer: WARNING: --no-file-digest: files are renamed into place without verification");
         }
         let (dst, srcs) = self.paths.split_last().expect("clap requires two paths");

@@ -82,6 +82,8 @@ fn main() -> ExitCode {
 fn init_logging(cli: &Cli) {
     let default = match &cli.command {
         Command::Serve(_) => "info",
+        // Quiet means nothing on success, warnings included; failures still say why.
+        Command::Cp(args) if args.quiet => "error",
         Command::Cp(_) | Command::Bench(_) => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -136,7 +138,7 @@ fn cp(args: CpArgs) -> Result<(), Error> {
     bar.finish();
     match result {
         Ok(report) => {
-            output::print_report(&report, &request.config.tuning, args.json);
+            output::print_report(&report, &request.config.tuning, args.json, args.quiet);
             Ok(())
         }
         Err(e) => {

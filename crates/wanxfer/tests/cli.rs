@@ -1,5 +1,6 @@
-//! What a person meets at the command line: errors for mistyped URLs and addresses, with
-//! the README's exit codes, and the server's configuration file and log format.
+//! What a person meets at the command line: output on success, errors for mistyped URLs
+//! and addresses with the README's exit codes, the server's configuration file and log
+//! format, and the progress bar on a real terminal (a pty through `script`).
 
 mod common;
 
@@ -31,6 +32,68 @@ where
 
 fn has_escape_codes(text: &str) -> bool {
     text.contains('\u{1b}')
+}
+
+#[test]
+fn cp_quiet_prints_nothing_on_success() {
+    let site = Site::new();
+    let src = site.path("one");
+    write_pattern(&src, 100_000, 1);
+    // A secret file others may read makes the client log a warning, and
+    // --no-file-digest prints one: without -q both are shown.
+    let secret = site.path("secret");
+    fs::write(&secret, SECRET).unwrap();
+    set_mode(&secret, 0o644);
+    let args = |dest: &str| {
+        vec![
+            OsStr::new("--no-file-digest").to_owned(),
+            OsStr::new("--secret-file").to_owned(),
+            secret.clone().into_os_string(),
+            src.clone().into_os_string(),
+            site.server.url(dest),
+        ]
+    };
+    let loud = cp_with_notes(args("loud"));
+    loud.assert_ok()
+        .assert_stderr_mentions("chmod 600")
+        .assert_stderr_mentions("--no-file-digest");
+    assert!(!loud.stdout.is_empty(), "{loud:#?}");
+
+    let run = cp(args("one")); // `cp()` passes --quiet
+    run.assert_ok();
+    assert_eq!(
+        (run.stdout.as_str(), run.stderr.as_str()),
+        ("", ""),
+        "{run:#?}"
+    );
+    assert_eq!(
+        fs::read(site.root().join("one")).unwrap(),
+        fs::read(&src).unwrap()
+    );
+}
+
+#[test]
+fn the_summary_counts_files_grammatically_in_binary_units_and_bit_rates() {
+    let site = Site::new();
+    let one = site.path("one");
+    write_pattern(&one, 3 << 20, 1);
+    let run = cp_with_notes([one.as_os_str(), &site.server.url("a")]);
+    run.assert_ok();
+    assert!(run.stdout.starts_with("3.00 MiB in 1 file in "), "{run:#?}");
+    assert!(run.stdout.contains("bit/s\nverified;"), "{run:#?}");
+
+    let two = site.path("two");
+    fs::create_dir(&two).unwrap();
+    fs::write(two.join("x"), b"x").unwrap();
+    fs::write(two.join("y"), b"y").unwrap();
+    let run = cp_with_notes([two.as_os_str(), &site.server.url("b")]);
+    run.assert_ok();
+    assert!(run.stdout.starts_with("2 B in 2 files in "), "{run:#?}");
+    assert!(run.stdout.contains("files/s\nverified;"), "{run:#?}");
+    assert!(
+        !has_escape_codes(&run.stdout) && run.stderr.is_empty(),
+        "{run:#?}"
+    );
 }
 
 /// A URL without a port reaches 7800: through a real server when the port is free here,
@@ -277,4 +340,120 @@ fn the_server_says_where_it_serves_once_and_logs_without_colour() {
             serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}"));
         assert!(v["timestamp"].is_string(), "{l}");
     }
+}
+
+/// Strips CSI escape sequences (cursor moves, line erases, colours).
+fn strip_escapes(text: &str) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            out.push(c);
+            continue;
+        }
+        if chars.peek() == Some(&'[') {
+            chars.next();
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) {
+                    break;
+                }
+            }
+        } else {
+            chars.next();
+        }
+    }
+    out
+}
+
+/// A few hundred MiB pushed under a real terminal of 80 columns: the bar is drawn, and
+/// every line on the screen, bar or summary, fits; both show sizes in binary units and
+/// rates in bit/s. The same run with stderr redirected to a file writes no escape codes.
+#[test]
+fn the_progress_bar_fits_80_columns_and_stays_off_redirected_output() {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: no `script` (util-linux) to give wanxfer a terminal");
+        return;
+    }
+    let site = Site::new();
+    let src = site.path("big");
+    write_pattern(&src, 384 << 20, 9);
+    let typescript = site.path("typescript");
+    // Small blocks on one stream keep the transfer on screen for a few redraws.
+    let inner = format!(
+        "stty cols 80 rows 24; exec '{}' cp --streams 1 --block-size 64KiB --depth 1 '{}' '{}'",
+        wanxfer_bin().display(),
+        src.display(),
+        site.server.url("big").to_str().unwrap()
+    );
+    let out = Command::new("script")
+        .args(["-qec", &inner])
+        .arg(&typescript)
+        .env("WANXFER_SECRET", SECRET)
+        .env_remove("RUST_LOG")
+        .env("TERM", "xterm")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let screen = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(fs::read(site.root().join("big")).unwrap().len(), 384 << 20);
+
+    let lines: Vec<String> = screen
+        .split(['\r', '\n'])
+        .map(strip_escapes)
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    for l in &lines {
+        assert!(
+            l.chars().count() <= 80,
+            "{} columns: {l:?}",
+            l.chars().count()
+        );
+    }
+    let bars: Vec<&String> = lines.iter().filter(|l| l.starts_with("[")).collect();
+    assert!(!bars.is_empty(), "no bar drawn: {screen:?}");
+    assert!(
+        bars.iter()
+            .all(|b| b.contains("% ") && b.contains("B / ") && b.contains("bit/s  ETA ")),
+        "{bars:#?}"
+    );
+    assert!(
+        bars.iter()
+            .any(|b| b.contains("MiB / 384.00 MiB  0/1 file ") && b.contains("Gbit/s  ETA ")),
+        "a bar with the file, its size and a rate: {bars:#?}"
+    );
+    let summary = lines
+        .iter()
+        .find(|l| l.starts_with("384.00 MiB in 1 file in "))
+        .unwrap_or_else(|| panic!("no summary: {lines:#?}"));
+    assert!(summary.contains("bit/s"), "{summary}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("verified; CPU")),
+        "{lines:#?}"
+    );
+    for other_unit in ["MB", "GB", "MiB/s", "GiB/s", "1 files"] {
+        assert!(
+            !lines.iter().any(|l| l.contains(other_unit)),
+            "{other_unit} shown: {lines:#?}"
+        );
+    }
+
+    let stderr_file = site.path("stderr");
+    let status = Command::new(wanxfer_bin())
+        .args(["cp", "--no-file-digest"])
+        .arg(&src)
+        .arg(site.server.url("again"))
+        .env("WANXFER_SECRET", SECRET)
+        .env("TERM", "xterm")
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&stderr_file).unwrap())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let redirected = fs::read_to_string(&stderr_file).unwrap();
+    assert!(
+        redirected.contains("WARNING"),
+        "the warning still goes there: {redirected:?}"
+    );
+    assert!(!has_escape_codes(&redirected), "{redirected:?}");
 }
