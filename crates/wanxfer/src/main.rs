@@ -2,6 +2,7 @@
 //! failures to exit codes. Transfer logic lives in `wanxfer-engine`.
 
 mod args;
+mod assets;
 mod bench;
 mod config;
 mod output;
@@ -45,7 +46,17 @@ fn exit_code(e: &Error) -> u8 {
 }
 
 fn main() -> ExitCode {
-    let cli = match config::parse(std::env::args_os().collect()) {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == assets::SUBCOMMAND) {
+        return match assets::main(argv[1..].to_vec()) {
+            Ok(()) => ExitCode::from(exit::OK),
+            Err(e) => {
+                eprintln!("wanxfer: {e}");
+                ExitCode::from(exit::LOCAL_IO)
+            }
+        };
+    }
+    let cli = match config::parse(argv) {
         Ok(cli) => cli,
         Err(config::ParseFailure::Clap(e)) => e.exit(),
         Err(config::ParseFailure::Config(problems)) => {
