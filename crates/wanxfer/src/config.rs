@@ -513,4 +513,12 @@ mod tests {
             );
         }
     }
+
+    /// The file the Debian package installs as /etc/wanxfer/wanxfer.toml.
+    #[test]
+    fn the_packaged_example_is_valid() {
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/wanxfer.toml");
+        let keys = check(&example).unwrap_or_else(|p| panic!("{p:#?}"));
+        assert!(keys >= 3, "root, listen and secret-file at least");
+    }
 }
