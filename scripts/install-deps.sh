@@ -11,6 +11,7 @@ PACKAGES=(
   iperf3                          # the ceiling in benchmarks; traffic in the emulator tests
   iputils-ping                    # delay checks through the WAN emulator
   python3                         # benchmark drivers
+  systemd                         # the package test: systemd-analyze, -sysusers, -tmpfiles
 )
 
 missing=()

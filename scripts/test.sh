@@ -13,6 +13,8 @@ echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --workspace -- --test-threads=2
+echo "== Debian package"
+./scripts/test-deb.sh
 if [ -x scripts/fuzz-smoke.sh ]; then
   echo "== fuzz smoke"
   ./scripts/fuzz-smoke.sh

@@ -1091,8 +1091,10 @@ impl Sink {
     }
 
     /// Applies directory modes and mtimes, deepest first, once nothing more will be
-    /// written into them.
-    fn finish_dirs(&self) -> Vec<Error> {
+    /// written into them: before the session's last word, so that the peer, once told
+    /// the transfer is done, finds the tree finished. (Again at close, for a transfer
+    /// that failed: its directories get their modes too.)
+    pub fn finish_dirs(&self) -> Vec<Error> {
         let Some((root, _)) = &self.target else {
             return Vec::new();
         };

@@ -1,5 +1,10 @@
 //! Flags in two stages: clap's structs close to the command line, then validated engine
 //! requests ([`CpArgs::request`]) so that the engine never sees a half-checked value.
+//!
+//! Defaults come from the engine's own `Tuning::default()` and `ServerLimits::default()`
+//! rather than being written here again: a default changed in the engine is what `--help`
+//! shows and what a run without the flag gets. Only what the engine has no default for
+//! (the port, the connect timeout, the provider name) is defined here, once.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -13,6 +18,14 @@ use wanxfer_engine::session::{
 use wanxfer_engine::source::{IoMode, Source};
 use wanxfer_engine::Error;
 use wanxfer_proto::{Compare, RelPath};
+
+/// The port a server listens on, and a `wanxfer://HOST/...` URL without one reaches.
+pub const DEFAULT_PORT: u16 = 7800;
+/// Seconds a client waits for a connection (`cp`, `bench`).
+pub const DEFAULT_CONNECT_TIMEOUT_S: u64 = 10;
+/// The libfabric provider asked for, or offered, by `--transport fabric`: the one every
+/// machine has (RDMA hardware wants `verbs`).
+pub const DEFAULT_PROVIDER: &str = "tcp";
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -38,10 +51,20 @@ pub struct Cli {
     pub command: Command,
 }
 
+const SERVE_ABOUT: &str = "\
+Serve one directory to authenticated clients.
+
+Settings can come from a TOML file (--config FILE): every flag below is a key, named as
+the long flag without its dashes (`max-sessions = 16`; `max_sessions` is accepted too),
+with the value the flag would take: a string or a number (`max-session-memory =
+\"512MiB\"`), true or false for a flag without a value. Flags given on the command line
+win over the file. --check-config FILE checks a file the same way and exits 0, or 2
+naming each key that is unknown, of the wrong type or refused by its flag.";
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve one directory to authenticated clients.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = EXIT_CODES, long_about = SERVE_ABOUT)]
     Serve(ServeArgs),
     /// Copy files and trees to or from a server (like `cp -r`).
     #[command(after_help = EXIT_CODES)]
@@ -51,47 +74,84 @@ pub enum Command {
     Bench(crate::bench::BenchArgs),
 }
 
+impl Cli {
+    /// The logging flags of the command being run.
+    pub fn log(&self) -> LogArgs {
+        match &self.command {
+            Command::Serve(a) => a.log.clone(),
+            Command::Cp(a) => a.log.clone(),
+            Command::Bench(a) => a.log.clone(),
+        }
+    }
+}
+
+/// How log lines on stderr are written.
+#[derive(Debug, Clone, Default, Args)]
+pub struct LogArgs {
+    /// Log lines on stderr as text, or as one JSON object per line for a log collector.
+    /// RUST_LOG sets the level (serve logs at info, cp and bench at warn).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Plain lines, coloured only when stderr is a terminal (and NO_COLOR is unset).
+    #[default]
+    Text,
+    /// One JSON object per line: timestamp, level, target, message and fields.
+    Json,
+}
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// The directory served: nothing outside it is ever read or written.
-    #[arg(long)]
-    pub root: PathBuf,
-    /// Address to listen on.
-    #[arg(long, default_value = "0.0.0.0:7800")]
+    /// Read settings from this TOML file (see above); flags given here win over it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Check this configuration file and exit: 0 if it is valid, else 2 naming each bad key.
+    #[arg(long, value_name = "FILE", exclusive = true)]
+    pub check_config: Option<PathBuf>,
+    /// The directory served: nothing outside it is ever read or written. Required, here
+    /// or as `root` in the configuration file.
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// Address and port to listen on (0.0.0.0 for every IPv4 address, [::] for every
+    /// address).
+    #[arg(long, value_name = "HOST:PORT", default_value = default_listen(), value_parser = parse_listen)]
     pub listen: String,
     /// Shared secret file; created (mode 0600, random secret) if missing. Without it the
     /// secret comes from WANXFER_SECRET.
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub secret_file: Option<PathBuf>,
     /// Most concurrent sessions.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = ServerLimits::default().max_sessions)]
     pub max_sessions: usize,
     /// Most data channels one session may open.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = ServerLimits::default().max_streams)]
     pub max_streams: u16,
     /// Largest block a client may ask for.
-    #[arg(long, default_value = "16MiB", value_parser = parse_block_size)]
+    #[arg(long, value_name = "SIZE", default_value = size_text(ServerLimits::default().max_block_size.into()), value_parser = parse_block_size)]
     pub max_block_size: u32,
     /// Most memory one session's block pool may use.
-    #[arg(long, default_value = "512MiB", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = size_text(ServerLimits::default().max_session_memory), value_parser = parse_size)]
     pub max_session_memory: u64,
     /// Disk reader threads per sending session.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = ServerLimits::default().readers)]
     pub readers: usize,
     /// Disk writer threads per receiving session.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = ServerLimits::default().writers)]
     pub writers: usize,
     /// How pulls send file bytes.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t = IoArg::from(ServerLimits::default().io))]
     pub io: IoArg,
     /// How pushed files are written.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t = WriteArg::from(ServerLimits::default().write))]
     pub write: WriteArg,
     /// `--transport fabric` offers libfabric channels as well as TCP.
     #[command(flatten)]
     pub transport: TransportArgs,
     /// Seconds a silent client (cut link, crashed host) is waited for.
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, value_name = "SECONDS", default_value_t = ServerLimits::default().stall_timeout.as_secs())]
     pub stall_timeout: u64,
     /// Where journals of interrupted transfers are kept (default: beside a client's
     /// state, one directory per served root).
@@ -99,21 +159,23 @@ pub struct ServeArgs {
     pub state_dir: Option<PathBuf>,
     /// How long the partial files of an abandoned transfer are kept for it to resume;
     /// after that they are removed (and the removal logged).
-    #[arg(long, default_value = "1d", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = duration_text(ServerLimits::default().keep_partial), value_parser = parse_duration)]
     pub keep_partial: Duration,
     /// Acknowledge pushed files before they reach the disk: for scratch space only, where
     /// losing recent files in a crash does not matter.
     #[arg(long)]
     pub no_fsync: bool,
     /// Time a connection has for its whole handshake, however slowly it sends.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = duration_text(ServerLimits::default().handshake_timeout), value_parser = parse_duration)]
     pub handshake_timeout: Duration,
     /// Connections not yet authenticated, in all (beyond it the oldest is dropped).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = ServerLimits::default().max_pending)]
     pub max_pending: usize,
     /// Connections not yet authenticated from one address.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = ServerLimits::default().max_pending_per_address)]
     pub max_pending_per_address: usize,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// Which data channels to use (cp, bench) or offer (serve).
@@ -121,11 +183,11 @@ pub struct ServeArgs {
 pub struct TransportArgs {
     /// Data channels: parallel TCP streams, or libfabric endpoints moving blocks by RDMA
     /// write (RoCE, InfiniBand, iWARP through `verbs`; the `tcp` provider anywhere).
-    #[arg(long, value_enum, default_value = "tcp")]
+    #[arg(long, value_enum, default_value_t = TransportArg::from(&Transport::default()))]
     pub transport: TransportArg,
     /// libfabric provider for --transport fabric (`fi_info -l` lists this machine's);
     /// never silently replaced by another.
-    #[arg(long, default_value = "tcp")]
+    #[arg(long, default_value = DEFAULT_PROVIDER)]
     pub provider: String,
 }
 
@@ -133,6 +195,15 @@ pub struct TransportArgs {
 pub enum TransportArg {
     Tcp,
     Fabric,
+}
+
+impl From<&Transport> for TransportArg {
+    fn from(t: &Transport) -> TransportArg {
+        match t {
+            Transport::Tcp => TransportArg::Tcp,
+            Transport::Fabric { .. } => TransportArg::Fabric,
+        }
+    }
 }
 
 impl TransportArgs {
@@ -152,7 +223,20 @@ impl TransportArgs {
 }
 
 impl ServeArgs {
-    pub fn limits(&self) -> ServerLimits {
+    /// The directory to serve, which the command line or the configuration file must give.
+    pub fn root(&self) -> Result<&std::path::Path, Error> {
+        self.root.as_deref().ok_or_else(|| {
+            Error::Usage(match &self.config {
+                Some(file) => format!(
+                    "no directory to serve: give --root DIR, or root = \"DIR\" in {}",
+                    file.display()
+                ),
+                None => "no directory to serve: give --root DIR".into(),
+            })
+        })
+    }
+
+    pub fn limits(&self, root: &std::path::Path) -> ServerLimits {
         ServerLimits {
             max_sessions: self.max_sessions.max(1),
             max_streams: self.max_streams.max(1),
@@ -167,7 +251,7 @@ impl ServeArgs {
             state_dir: Some(
                 self.state_dir
                     .clone()
-                    .unwrap_or_else(|| ServerLimits::default_state_dir(&self.root)),
+                    .unwrap_or_else(|| ServerLimits::default_state_dir(root)),
             ),
             keep_partial: self.keep_partial,
             durable: !self.no_fsync,
@@ -181,37 +265,38 @@ impl ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct CpArgs {
-    /// Sources then destination. A remote side is wanxfer://HOST:PORT/PATH, PATH relative
-    /// to the server's root. Memory-to-memory: `--bytes 4GiB /dev/zero
-    /// wanxfer://HOST:PORT/dev/null` (or pull from .../dev/zero into /dev/null).
+    /// Sources then destination. A remote side is wanxfer://HOST[:PORT]/PATH (port 7800
+    /// if none), PATH relative to the server's root. Memory-to-memory: `--bytes 4GiB
+    /// /dev/zero wanxfer://HOST/dev/null` (or pull from .../dev/zero into /dev/null).
     #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
     pub paths: Vec<PathBuf>,
     /// Parallel TCP streams (data channels).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = Tuning::default().streams)]
     pub streams: u16,
-    /// Block size: the unit read, sent, checksummed and written (e.g. 4MiB).
-    #[arg(long, default_value = "4MiB", value_parser = parse_block_size)]
+    /// Block size: the unit read, sent, checksummed and written.
+    #[arg(long, value_name = "SIZE", default_value = size_text(Tuning::default().block_size.into()), value_parser = parse_block_size)]
     pub block_size: u32,
     /// Blocks queued per stream.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = Tuning::default().depth)]
     pub depth: u16,
     /// Reader threads when sending.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = Tuning::default().readers)]
     pub readers: usize,
     /// Writer threads when receiving.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = Tuning::default().writers)]
     pub writers: usize,
     /// Move SIZE synthetic bytes (memory-to-memory) from /dev/zero.
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub bytes: Option<u64>,
     /// Print one JSON object with the results at the end.
     #[arg(long)]
     pub json: bool,
-    /// No progress bar.
+    /// Print nothing on success: no progress bar, no summary, no notes or warnings
+    /// (errors, and the JSON --json asks for, are still printed).
     #[arg(long, short)]
     pub quiet: bool,
     /// Shared secret file (else WANXFER_SECRET).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub secret_file: Option<PathBuf>,
     /// With --no-file-digest: no block CRC either, nothing is checked (measuring protocol
     /// cost). On its own it changes nothing: the segment digests check every block.
@@ -222,26 +307,26 @@ pub struct CpArgs {
     #[arg(long)]
     pub no_file_digest: bool,
     /// Seconds to wait for a connection.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_CONNECT_TIMEOUT_S)]
     pub connect_timeout: u64,
     /// How file bytes are sent when pushing.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t = IoArg::from(Tuning::default().io))]
     pub io: IoArg,
     /// How pulled files are written.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t = WriteArg::from(Tuning::default().write))]
     pub write: WriteArg,
     #[command(flatten)]
     pub transport: TransportArgs,
     /// Seconds a silent server (cut link, crashed host) is waited for before giving up
     /// with a network error.
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, value_name = "SECONDS", default_value_t = Tuning::default().stall_timeout.as_secs())]
     pub stall_timeout: u64,
     /// Retries after a network failure or a busy server, each resuming where the last
     /// attempt stopped.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = RetryPolicy::default().retries)]
     pub retries: u32,
     /// No retry starts later than this after the first attempt.
-    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = duration_text(RetryPolicy::default().retry_for), value_parser = parse_duration)]
     pub retry_for: Duration,
     /// Send files even when the destination has them with the same size and modification
     /// time (by default those are skipped, as rsync's quick check does).
@@ -258,6 +343,8 @@ pub struct CpArgs {
     /// (default: $WANXFER_STATE_DIR, $XDG_STATE_HOME/wanxfer or ~/.local/state/wanxfer).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// How file bytes are sent.
@@ -290,6 +377,17 @@ impl IoArg {
     }
 }
 
+impl From<IoMode> for IoArg {
+    fn from(mode: IoMode) -> IoArg {
+        match mode {
+            IoMode::Auto => IoArg::Auto,
+            IoMode::Sendfile => IoArg::Sendfile,
+            IoMode::Copy => IoArg::Copy,
+            IoMode::Zerocopy => IoArg::Zerocopy,
+        }
+    }
+}
+
 /// How received files are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum WriteArg {
@@ -309,6 +407,16 @@ impl WriteArg {
             WriteArg::Auto => WriteMode::Auto,
             WriteArg::Buffered => WriteMode::Buffered,
             WriteArg::Direct => WriteMode::Direct,
+        }
+    }
+}
+
+impl From<WriteMode> for WriteArg {
+    fn from(mode: WriteMode) -> WriteArg {
+        match mode {
+            WriteMode::Auto => WriteArg::Auto,
+            WriteMode::Buffered => WriteArg::Buffered,
+            WriteMode::Direct => WriteArg::Direct,
         }
     }
 }
@@ -357,7 +465,7 @@ impl CpArgs {
     }
 
     pub fn request(&self, secret: Vec<u8>) -> Result<Request, Error> {
-        if self.no_file_digest {
+        if self.no_file_digest && !self.quiet {
             eprintln!("wanxfer: WARNING: --no-file-digest: files are renamed into place without verification");
         }
         let (dst, srcs) = self.paths.split_last().expect("clap requires two paths");
@@ -425,7 +533,7 @@ impl CpArgs {
         for src in srcs {
             let Location::Remote { server: s, path } = src else {
                 return Err(Error::Usage(
-                    "one side must be remote (wanxfer://HOST:PORT/PATH); for local copies use cp"
+                    "one side must be remote (wanxfer://HOST[:PORT]/PATH); for local copies use cp"
                         .into(),
                 ));
             };
@@ -443,7 +551,7 @@ impl CpArgs {
             }
             Some(_) => {
                 return Err(Error::Usage(
-                    "--bytes pulls from exactly one source, wanxfer://HOST:PORT/dev/zero".into(),
+                    "--bytes pulls from exactly one source, wanxfer://HOST[:PORT]/dev/zero".into(),
                 ))
             }
             None => None,
@@ -464,32 +572,150 @@ impl CpArgs {
     }
 }
 
+/// A side of a copy from its argument: `wanxfer://HOST[:PORT]/PATH` is remote, anything
+/// else local, except what is plainly a URL gone wrong (another scheme, `wanxfer:/x`,
+/// `wanxfer//x`, `wanxfr://x`): taken as a local path, that would copy into or out of a
+/// directory named after the typo, so it is refused. A local path that really looks like
+/// that can be written `./wanxfer:/x`.
 fn parse_location(arg: &std::path::Path) -> Result<Location, Error> {
     use std::os::unix::ffi::OsStrExt;
     let bytes = arg.as_os_str().as_bytes();
-    let Some(rest) = bytes.strip_prefix(b"wanxfer://") else {
+    let scheme_len = bytes
+        .iter()
+        .position(|b| !(b.is_ascii_alphanumeric() || b"+.-".contains(b)))
+        .unwrap_or(bytes.len());
+    let (scheme, rest) = bytes.split_at(scheme_len);
+    let expected = "a remote side is wanxfer://HOST[:PORT]/PATH; a local path that looks like a URL can be written ./PATH";
+    if !scheme.first().is_some_and(u8::is_ascii_alphabetic) {
+        return Ok(Location::Local(arg.to_path_buf()));
+    }
+    let Some(rest) = rest.strip_prefix(b"://") else {
+        let typo = edit_distance(&scheme.to_ascii_lowercase(), b"wanxfer") <= 2
+            && (rest.starts_with(b":") || rest.starts_with(b"//"));
+        if typo {
+            return Err(Error::Usage(format!(
+                "{}: not a wanxfer URL: {expected}",
+                arg.display()
+            )));
+        }
         return Ok(Location::Local(arg.to_path_buf()));
     };
+    if !scheme.eq_ignore_ascii_case(b"wanxfer") {
+        return Err(Error::Usage(format!(
+            "{}: unknown scheme {}://: {expected}",
+            arg.display(),
+            String::from_utf8_lossy(scheme)
+        )));
+    }
     let split = rest.iter().position(|&b| b == b'/').unwrap_or(rest.len());
     let (authority, path) = rest.split_at(split);
     let server = std::str::from_utf8(authority)
-        .ok()
-        .filter(|a| {
-            a.rsplit_once(':')
-                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
-        })
-        .ok_or_else(|| {
-            Error::Usage(format!(
-                "{}: expected wanxfer://HOST:PORT/PATH",
-                arg.display()
-            ))
-        })?;
+        .map_err(|_| "the host is not UTF-8".to_string())
+        .and_then(server_address)
+        .map_err(|why| Error::Usage(format!("{}: {why}", arg.display())))?;
     let path = path.strip_prefix(b"/").unwrap_or(path);
     let path = RelPath::new(path).map_err(|e| Error::Usage(format!("{}: {e}", arg.display())))?;
-    Ok(Location::Remote {
-        server: server.to_string(),
-        path,
-    })
+    Ok(Location::Remote { server, path })
+}
+
+/// `HOST[:PORT]` (an IPv6 address in brackets) as `HOST:PORT`, with [`DEFAULT_PORT`] when
+/// none is given.
+fn server_address(authority: &str) -> Result<String, String> {
+    let (host, port) = match authority.rsplit_once(':') {
+        // The colon of an IPv6 address is not a port separator unless a `]` precedes it.
+        Some((host, port)) if !host.starts_with('[') || host.ends_with(']') => (host, Some(port)),
+        _ => (authority, None),
+    };
+    if host.is_empty() || host == "[]" {
+        return Err("no host: expected wanxfer://HOST[:PORT]/PATH".into());
+    }
+    if host.starts_with('[') != host.ends_with(']')
+        || (!host.starts_with('[') && host.contains(':'))
+    {
+        return Err(format!(
+            "{host:?} is not a host: an IPv6 address goes in brackets, [::1]:{DEFAULT_PORT}"
+        ));
+    }
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|&p| p != 0)
+            .ok_or_else(|| format!("{p:?} is not a port (1-65535)"))?,
+    };
+    Ok(format!("{host}:{port}"))
+}
+
+/// `bench --server`: `HOST[:PORT]` or `wanxfer://HOST[:PORT]`, as `HOST:PORT`.
+pub fn parse_server(s: &str) -> Result<String, String> {
+    let authority = match s.split_once("://") {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("wanxfer") => {
+            rest.strip_suffix('/').unwrap_or(rest)
+        }
+        Some((scheme, _)) => {
+            return Err(format!(
+                "unknown scheme {scheme}://: give HOST[:PORT] or wanxfer://HOST[:PORT]"
+            ))
+        }
+        None => s,
+    };
+    if authority.contains('/') {
+        return Err("a server, not a path: give HOST[:PORT] or wanxfer://HOST[:PORT]".into());
+    }
+    server_address(authority)
+}
+
+fn default_listen() -> String {
+    format!("0.0.0.0:{DEFAULT_PORT}")
+}
+
+/// `serve --listen`: `HOST:PORT` with both parts, so that a bare port, which would
+/// otherwise fail later as an unresolvable name (exit 4, "network"), is a usage error
+/// that says what to write.
+fn parse_listen(s: &str) -> Result<String, String> {
+    let hint = |port: &str| {
+        format!("give an address and a port: 0.0.0.0:{port} (every IPv4 address), [::]:{port} (every address) or 127.0.0.1:{port}")
+    };
+    if s.parse::<u16>().is_ok() {
+        return Err(format!("{s:?} is only a port: {}", hint(s)));
+    }
+    match s.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(s.to_string()),
+        Some(("", port)) => Err(format!("{s:?} has no address: {}", hint(port))),
+        _ => Err(format!(
+            "{s:?} is not HOST:PORT: {}",
+            hint(&DEFAULT_PORT.to_string())
+        )),
+    }
+}
+
+/// Levenshtein distance, for spotting typos of a scheme or a configuration key.
+pub fn edit_distance(a: &[u8], b: &[u8]) -> usize {
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// A size as the size flags take it, in the largest binary unit that divides it exactly
+/// (`4MiB`), so that `--help` shows defaults the way a person would write them.
+pub fn size_text(bytes: u64) -> String {
+    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if bytes != 0 && bytes % (1u64 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
 }
 
 /// Whether a destination was written with a trailing slash: "into this directory",
@@ -497,6 +723,20 @@ fn parse_location(arg: &std::path::Path) -> Result<Location, Error> {
 fn ends_with_slash(arg: &std::path::Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
     arg.as_os_str().as_bytes().ends_with(b"/")
+}
+
+/// A duration as `--help` shows it and [`parse_duration`] reads it back.
+pub fn duration_text(d: Duration) -> String {
+    let secs = d.as_secs();
+    for (unit, n) in [("d", 86400), ("h", 3600), ("m", 60)] {
+        if secs != 0 && secs % n == 0 && d.subsec_nanos() == 0 {
+            return format!("{}{unit}", secs / n);
+        }
+    }
+    if d.subsec_millis() != 0 || secs == 0 {
+        return format!("{}ms", d.as_millis());
+    }
+    format!("{secs}s")
 }
 
 /// Parses durations like `30s`, `10m`, `2h`, `1d` (a bare number is seconds).
@@ -599,12 +839,216 @@ mod tests {
         );
         let root = parse_location(std::path::Path::new("wanxfer://[::1]:7800")).unwrap();
         assert!(matches!(root, Location::Remote { path, .. } if path.is_root()));
-        assert!(parse_location(std::path::Path::new("wanxfer://host/x")).is_err());
         assert!(parse_location(std::path::Path::new("wanxfer://h:1/../etc")).is_err());
         assert_eq!(
             parse_location(std::path::Path::new("./local")).unwrap(),
             Location::Local(PathBuf::from("./local"))
         );
+    }
+
+    fn server_of(url: &str) -> Result<String, String> {
+        match parse_location(std::path::Path::new(url)) {
+            Ok(Location::Remote { server, .. }) => Ok(server),
+            Ok(Location::Local(_)) => Err("local".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    #[test]
+    fn a_url_without_a_port_reaches_the_default_port() {
+        assert_eq!(server_of("wanxfer://dtn2/x"), Ok("dtn2:7800".into()));
+        assert_eq!(server_of("wanxfer://dtn2"), Ok("dtn2:7800".into()));
+        assert_eq!(server_of("WANXFER://dtn2:9/x"), Ok("dtn2:9".into()));
+        assert_eq!(server_of("wanxfer://[::1]/x"), Ok("[::1]:7800".into()));
+        assert_eq!(server_of("wanxfer://[::1]:7801/"), Ok("[::1]:7801".into()));
+        for bad in [
+            "wanxfer:///x",
+            "wanxfer://:7800/x",
+            "wanxfer://h:/x",
+            "wanxfer://h:0/x",
+            "wanxfer://h:99999/x",
+            "wanxfer://::1/x",
+            "wanxfer://[::1/x",
+        ] {
+            assert!(server_of(bad).is_err_and(|e| e != "local"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn mistyped_schemes_are_refused_not_taken_as_local_paths() {
+        for typo in [
+            "wanxfr://h/x",
+            "http://h/x",
+            "wanxfer:/x",
+            "wanxfer:x",
+            "wanxfer//h/x",
+            "wanxfe://h:1/x",
+            "wnaxfer:/x",
+        ] {
+            let err = server_of(typo).unwrap_err();
+            assert!(err.contains("wanxfer://HOST[:PORT]/PATH"), "{typo}: {err}");
+        }
+        for local in [
+            "wanxfer/x",
+            "./wanxfer:/x",
+            "data:/x",
+            "a:b",
+            "/tmp/x",
+            "-",
+            "x//y",
+        ] {
+            assert_eq!(server_of(local), Err("local".into()), "{local}");
+        }
+    }
+
+    #[test]
+    fn bench_servers_take_a_url_or_host_and_port() {
+        assert_eq!(parse_server("dtn2:7801"), Ok("dtn2:7801".into()));
+        assert_eq!(parse_server("dtn2"), Ok("dtn2:7800".into()));
+        assert_eq!(parse_server("wanxfer://dtn2:7801"), Ok("dtn2:7801".into()));
+        assert_eq!(parse_server("wanxfer://dtn2/"), Ok("dtn2:7800".into()));
+        assert!(parse_server("wanxfer://dtn2/data").is_err());
+        assert!(parse_server("https://dtn2").is_err());
+    }
+
+    #[test]
+    fn listen_addresses_need_a_host_and_a_port() {
+        assert_eq!(parse_listen("0.0.0.0:7803"), Ok("0.0.0.0:7803".into()));
+        assert_eq!(parse_listen("[::]:7803"), Ok("[::]:7803".into()));
+        assert_eq!(parse_listen("localhost:1"), Ok("localhost:1".into()));
+        let bare = parse_listen("7803").unwrap_err();
+        assert!(bare.contains("0.0.0.0:7803"), "{bare}");
+        assert!(parse_listen(":7803").unwrap_err().contains("0.0.0.0:7803"));
+        assert!(parse_listen("host").is_err());
+        assert!(parse_listen("host:http").is_err());
+    }
+
+    #[test]
+    fn help_defaults_are_the_engines() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let default_of = |sub: &str, long: &str| -> String {
+            let cmd = cli.find_subcommand(sub).unwrap();
+            let arg = cmd
+                .get_arguments()
+                .find(|a| a.get_long() == Some(long))
+                .unwrap_or_else(|| panic!("{sub} --{long}"));
+            arg.get_default_values()[0].to_string_lossy().into_owned()
+        };
+        let tuning = Tuning::default();
+        let limits = ServerLimits::default();
+        let size = |s: String| parse_size(&s).unwrap();
+        assert_eq!(default_of("cp", "streams"), tuning.streams.to_string());
+        assert_eq!(
+            size(default_of("cp", "block-size")),
+            u64::from(tuning.block_size)
+        );
+        assert_eq!(default_of("cp", "block-size"), "4MiB");
+        assert_eq!(default_of("cp", "depth"), tuning.depth.to_string());
+        assert_eq!(default_of("cp", "readers"), tuning.readers.to_string());
+        assert_eq!(default_of("cp", "writers"), tuning.writers.to_string());
+        assert_eq!(
+            default_of("cp", "stall-timeout"),
+            tuning.stall_timeout.as_secs().to_string()
+        );
+        assert_eq!(default_of("cp", "io"), "auto");
+        assert_eq!(default_of("cp", "transport"), "tcp");
+        assert_eq!(
+            default_of("serve", "max-sessions"),
+            limits.max_sessions.to_string()
+        );
+        assert_eq!(
+            size(default_of("serve", "max-block-size")),
+            u64::from(limits.max_block_size)
+        );
+        assert_eq!(
+            size(default_of("serve", "max-session-memory")),
+            limits.max_session_memory
+        );
+        assert_eq!(default_of("serve", "max-session-memory"), "512MiB");
+        assert_eq!(default_of("serve", "listen"), "0.0.0.0:7800");
+    }
+
+    #[test]
+    fn flags_left_out_give_the_engines_defaults() {
+        let Command::Cp(cp) = Cli::parse_from(["wanxfer", "cp", "a", "wanxfer://h/x"]).command
+        else {
+            panic!("cp parses as cp")
+        };
+        let (ours, engine) = (cp.tuning(), Tuning::default());
+        assert_eq!(
+            (
+                ours.streams,
+                ours.block_size,
+                ours.depth,
+                ours.readers,
+                ours.writers
+            ),
+            (
+                engine.streams,
+                engine.block_size,
+                engine.depth,
+                engine.readers,
+                engine.writers
+            )
+        );
+        assert_eq!((ours.io, ours.write), (engine.io, engine.write));
+        assert_eq!(ours.transport, engine.transport);
+        assert_eq!(ours.stall_timeout, engine.stall_timeout);
+        let Command::Serve(serve) = Cli::parse_from(["wanxfer", "serve", "--root", "/x"]).command
+        else {
+            panic!("serve parses as serve")
+        };
+        let (ours, engine) = (
+            serve.limits(std::path::Path::new("/x")),
+            ServerLimits::default(),
+        );
+        assert_eq!(
+            (
+                ours.max_sessions,
+                ours.max_streams,
+                ours.max_block_size,
+                ours.max_session_memory
+            ),
+            (
+                engine.max_sessions,
+                engine.max_streams,
+                engine.max_block_size,
+                engine.max_session_memory
+            )
+        );
+        assert_eq!(
+            (ours.readers, ours.writers),
+            (engine.readers, engine.writers)
+        );
+        assert_eq!((ours.io, ours.write), (engine.io, engine.write));
+        assert_eq!(ours.fabric_provider, engine.fabric_provider);
+        assert_eq!(ours.stall_timeout, engine.stall_timeout);
+    }
+
+    #[test]
+    fn sizes_print_as_they_parse() {
+        for bytes in [1, 4095, 4096, 4 << 20, 512 << 20, 3 << 30, (1 << 40) + 1024] {
+            assert_eq!(
+                parse_size(&size_text(bytes)),
+                Ok(bytes),
+                "{}",
+                size_text(bytes)
+            );
+        }
+        assert_eq!(size_text(16 << 20), "16MiB");
+    }
+
+    #[test]
+    fn durations_print_as_they_parse() {
+        for d in [
+            Duration::from_secs(86400),
+            Duration::from_secs(600),
+            Duration::from_secs(45),
+            Duration::from_millis(250),
+        ] {
+            assert_eq!(parse_duration(&duration_text(d)), Ok(d));
+        }
     }
 
     #[test]

@@ -10,8 +10,9 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::time::Duration;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use plotters::prelude::*;
 use serde::Serialize;
 use wanxfer_engine::progress::Progress;
@@ -24,8 +25,9 @@ use crate::args::{parse_size, parse_size_list};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// Use this server (HOST:PORT) instead of starting one on loopback.
-    #[arg(long)]
+    /// Use this server (wanxfer://HOST[:PORT] or HOST[:PORT]) instead of starting one on
+    /// loopback.
+    #[arg(long, value_parser = crate::args::parse_server)]
     pub server: Option<String>,
     /// Bytes moved per measurement.
     #[arg(long, default_value = "4GiB", value_parser = parse_size)]
@@ -63,6 +65,8 @@ pub struct BenchArgs {
     /// RDMA write over --provider against TCP, both ends in this process on loopback.
     #[arg(long)]
     pub latency: bool,
+    #[command(flatten)]
+    pub log: crate::args::LogArgs,
 }
 
 #[derive(Debug, Serialize)]
@@ -134,7 +138,11 @@ struct LocalServer {
 }
 
 impl LocalServer {
-    fn start(secret: &[u8], transport: &crate::args::TransportArgs) -> Result<LocalServer, Error> {
+    fn start(
+        secret: &[u8],
+        transport: &crate::args::TransportArgs,
+        log: &crate::args::LogArgs,
+    ) -> Result<LocalServer, Error> {
         let root =
             tempfile::tempdir().map_err(|e| Error::local("create", "a temporary root", e))?;
         let exe =
@@ -142,6 +150,13 @@ impl LocalServer {
         let mut child = Command::new(exe)
             .args(["serve", "--listen", "127.0.0.1:0", "--root"])
             .arg(root.path())
+            .arg("--log-format")
+            .arg(
+                log.log_format
+                    .to_possible_value()
+                    .expect("no log format is hidden")
+                    .get_name(),
+            )
             .args(
                 transport
                     .offered_provider()
@@ -202,7 +217,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
         ),
         None => {
             let secret = crate::secret::generate()?.into_bytes();
-            let server = LocalServer::start(&secret, &args.transport)?;
+            let server = LocalServer::start(&secret, &args.transport, &args.log)?;
             (secret, Some(server))
         }
     };
@@ -285,6 +300,7 @@ fn measure(addr: &str, secret: &[u8], bytes: u64, tuning: Tuning) -> Result<Poin
     let mut cfg = ClientConfig::new(addr.to_string(), secret.to_vec(), tuning);
     // A measurement: a failed point is reported as such, not retried.
     cfg.retry.retries = 0;
+    cfg.connect_timeout = Duration::from_secs(crate::args::DEFAULT_CONNECT_TIMEOUT_S);
     let job = ClientJob::Push {
         source: Source::Synthetic { bytes },
         dest: RelPath::new(b"dev/null").expect("valid path"),

@@ -2,20 +2,22 @@
 //! failures to exit codes. Transfer logic lives in `wanxfer-engine`.
 
 mod args;
+mod assets;
 mod bench;
+mod config;
 mod output;
 mod secret;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
 use wanxfer_engine::pool::Cancel;
 use wanxfer_engine::progress::Progress;
 use wanxfer_engine::session::{run_client, Server};
 use wanxfer_engine::{Error, ErrorClass};
 
-use args::{Cli, Command, CpArgs, ServeArgs};
+use args::{Cli, Command, CpArgs, LogFormat, ServeArgs};
 
 /// Exit codes, one per failure class (documented in `--help` and the README).
 pub mod exit {
@@ -44,7 +46,33 @@ fn exit_code(e: &Error) -> u8 {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == assets::SUBCOMMAND) {
+        return match assets::main(argv[1..].to_vec()) {
+            Ok(()) => ExitCode::from(exit::OK),
+            Err(e) => {
+                eprintln!("wanxfer: {e}");
+                ExitCode::from(exit::LOCAL_IO)
+            }
+        };
+    }
+    let cli = match config::parse(argv) {
+        Ok(cli) => cli,
+        Err(config::ParseFailure::Clap(e)) => e.exit(),
+        Err(config::ParseFailure::Config(problems)) => {
+            for p in problems {
+                eprintln!("wanxfer: {p}");
+            }
+            return ExitCode::from(exit::USAGE);
+        }
+    };
+    if let Command::Serve(ServeArgs {
+        check_config: Some(file),
+        ..
+    }) = &cli.command
+    {
+        return check_config(file);
+    }
     init_logging(&cli);
     let result = match cli.command {
         Command::Serve(args) => serve(args),
@@ -62,17 +90,45 @@ fn main() -> ExitCode {
     }
 }
 
+/// Log lines go to stderr, as text or JSON; colour only for a person at a terminal, so
+/// that a log file, journald or a pipe never gets escape codes.
 fn init_logging(cli: &Cli) {
     let default = match &cli.command {
         Command::Serve(_) => "info",
+        // Quiet means nothing on success, warnings included; failures still say why.
+        Command::Cp(args) if args.quiet => "error",
         Command::Cp(_) | Command::Bench(_) => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match cli.log().log_format {
+        LogFormat::Text => {
+            let colour = std::io::stderr().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+            builder.with_ansi(colour).init();
+        }
+        LogFormat::Json => builder.json().flatten_event(true).with_ansi(false).init(),
+    }
+}
+
+/// `serve --check-config FILE`: every problem on its own line, exit 2 if there is one.
+fn check_config(file: &std::path::Path) -> ExitCode {
+    match config::check(file) {
+        Ok(settings) => {
+            let s = if settings == 1 { "" } else { "s" };
+            println!("{}: valid ({settings} setting{s})", file.display());
+            ExitCode::from(exit::OK)
+        }
+        Err(problems) => {
+            for p in problems {
+                eprintln!("wanxfer: {p}");
+            }
+            ExitCode::from(exit::USAGE)
+        }
+    }
 }
 
 /// A token set by SIGINT or SIGTERM.
@@ -85,20 +141,17 @@ fn on_signal() -> Cancel {
 }
 
 fn serve(args: ServeArgs) -> Result<(), Error> {
+    let root = args.root()?;
     let secret = secret::for_server(args.secret_file.as_deref())?;
-    let limits = args.limits();
-    let server = Server::bind(&args.listen, &args.root, secret, limits.clone())?;
+    let limits = args.limits(root);
+    let server = Server::bind(&args.listen, root, secret, limits.clone())?;
     let addr = server.local_addr()?;
-    // Tests and scripts read this line to learn the port when listening on port 0.
-    println!("wanxfer serving {} on {addr}", args.root.display());
-    tracing::info!(
-        "serving {} on {addr}; state in {}",
-        args.root.display(),
-        limits
-            .state_dir
-            .as_deref()
-            .map_or("(none)".into(), |d| d.display().to_string())
-    );
+    // The one start line, on stdout: scripts and tests read the address from it (the port
+    // when listening on port 0). It is not logged too, which would say it twice.
+    println!("wanxfer serving {} on {addr}", root.display());
+    if let Some(state) = &limits.state_dir {
+        tracing::debug!("journals of interrupted transfers in {}", state.display());
+    }
     // SIGTERM (systemd stopping the service) or Ctrl-C: drain, then exit 0.
     server.serve(&on_signal())
 }
@@ -113,7 +166,7 @@ fn cp(args: CpArgs) -> Result<(), Error> {
     bar.finish();
     match result {
         Ok(report) => {
-            output::print_report(&report, &request.config.tuning, args.json);
+            output::print_report(&report, &request.config.tuning, args.json, args.quiet);
             Ok(())
         }
         Err(failed) => {

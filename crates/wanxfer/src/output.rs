@@ -1,11 +1,17 @@
 //! What a person or a script sees: the progress bar, the summary, the JSON report.
+//!
+//! Units are the same in the bar and the summary: sizes in binary units (KiB, MiB, GiB,
+//! as the size flags take them) and rates in bits per second with decimal prefixes
+//! (Mbit/s, Gbit/s, as links are rated). The bar is drawn only on a terminal and is cut
+//! to its width, so it never wraps into a second line that the next redraw cannot erase.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use wanxfer_engine::progress::{IoUse, Progress};
 use wanxfer_engine::session::{Report, Tuning};
@@ -35,23 +41,176 @@ impl ProgressView {
     }
 }
 
+/// How often the bar is redrawn, and the span its rate is measured over.
+const REDRAW: Duration = Duration::from_millis(100);
+const RATE_WINDOW: Duration = Duration::from_secs(2);
+
 fn draw(progress: &Progress, stop: &AtomicBool) {
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{bar:30.cyan/blue} {bytes}/{total_bytes} {msg} {binary_bytes_per_sec} ETA {eta}",
-        )
-        .expect("template is valid")
-        .progress_chars("=> "),
-    );
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    bar.set_style(ProgressStyle::with_template("{msg}").expect("template is valid"));
+    let mut rate = RateMeter::default();
     while !stop.load(Ordering::SeqCst) {
         let (bytes, files, total_bytes, total_files) = progress.snapshot();
-        bar.set_length(total_bytes.max(bytes));
-        bar.set_position(bytes);
-        bar.set_message(format!("{files}/{total_files} files"));
-        std::thread::sleep(Duration::from_millis(100));
+        let state = BarState {
+            bytes,
+            total_bytes: total_bytes.max(bytes),
+            files,
+            total_files: total_files.max(files),
+            bits_per_s: rate.sample(Instant::now(), bytes),
+        };
+        // One column short of the width: writing the last column wraps on some terminals.
+        let width = terminal_columns().unwrap_or(80).saturating_sub(1);
+        bar.set_message(state.line(width));
+        std::thread::sleep(REDRAW);
     }
     bar.finish_and_clear();
+}
+
+/// stderr's width in columns, if it is a terminal that knows.
+fn terminal_columns() -> Option<usize> {
+    // SAFETY: a zeroed winsize is valid, and TIOCGWINSZ only writes into the one we pass.
+    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: fd 2 is open for the life of the process; the pointer is to a live winsize.
+    let rc = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut size) };
+    (rc == 0 && size.ws_col > 0).then_some(usize::from(size.ws_col))
+}
+
+/// The rate over the last [`RATE_WINDOW`], from samples of the byte count.
+#[derive(Default)]
+struct RateMeter {
+    samples: VecDeque<(Instant, u64)>,
+}
+
+impl RateMeter {
+    /// Bits per second, once there is enough time behind it to mean something.
+    fn sample(&mut self, now: Instant, bytes: u64) -> Option<f64> {
+        self.samples.push_back((now, bytes));
+        while self
+            .samples
+            .get(1)
+            .is_some_and(|&(t, _)| now.duration_since(t) >= RATE_WINDOW)
+        {
+            self.samples.pop_front();
+        }
+        let &(since, from) = self.samples.front()?;
+        let span = now.duration_since(since).as_secs_f64();
+        (span >= 0.2).then(|| bytes.saturating_sub(from) as f64 * 8.0 / span)
+    }
+}
+
+/// The bar's cells, `=` done and ` ` to go: fewer than the minimum says too little to be
+/// worth the columns, more than the maximum only stretches it.
+const MIN_CELLS: usize = 8;
+const MAX_CELLS: usize = 40;
+
+/// What one redraw of the bar shows.
+#[derive(Debug, Clone, Copy)]
+struct BarState {
+    bytes: u64,
+    total_bytes: u64,
+    files: u64,
+    total_files: u64,
+    bits_per_s: Option<f64>,
+}
+
+impl BarState {
+    /// The line, at most `width` columns: the bar takes what the figures leave, and the
+    /// figures that matter least go first when even they do not fit.
+    fn line(&self, width: usize) -> String {
+        let fraction = if self.total_bytes == 0 {
+            0.0
+        } else {
+            self.bytes as f64 / self.total_bytes as f64
+        };
+        let eta = match self.bits_per_s {
+            Some(rate) if rate > 0.0 => {
+                clock(self.total_bytes.saturating_sub(self.bytes) as f64 * 8.0 / rate)
+            }
+            _ => "--:--".to_string(),
+        };
+        let rate = self.bits_per_s.map_or("-- bit/s".to_string(), human_rate);
+        // In the order shown, padded so that the bar keeps its length as figures change;
+        // each with its rank in keeping (0 is kept longest).
+        let mut figures = [
+            (format!("{:>3.0}%", fraction * 100.0), 1),
+            (
+                format!(
+                    "{:>10} / {}",
+                    human_bytes(self.bytes),
+                    human_bytes(self.total_bytes)
+                ),
+                0,
+            ),
+            (
+                format!(
+                    "{}/{}",
+                    self.files,
+                    plural(self.total_files, "file", "files")
+                ),
+                4,
+            ),
+            (format!("{rate:>11}"), 2),
+            (format!("ETA {eta:>5}"), 3),
+        ]
+        .map(|(text, rank)| (text, rank, true));
+        let text_width = |figures: &[(String, usize, bool)]| -> usize {
+            let shown = figures.iter().filter(|f| f.2);
+            shown.clone().map(|f| f.0.chars().count()).sum::<usize>()
+                + 2 * shown.count().saturating_sub(1)
+        };
+        // Room for the figures and a bar of at least MIN_CELLS, dropping figures for it
+        // down to the byte count; failing that, for figures alone.
+        let bar_room = MIN_CELLS + 3; // `[`, `]` and a space
+        let fits = |figures: &mut [(String, usize, bool)], room: usize| {
+            figures.iter_mut().for_each(|f| f.2 = true);
+            for rank in (0..figures.len()).rev() {
+                if text_width(figures) + room <= width {
+                    return true;
+                }
+                if rank > 0 || room == 0 {
+                    if let Some(f) = figures.iter_mut().find(|f| f.1 == rank) {
+                        f.2 = false;
+                    }
+                }
+            }
+            text_width(figures) + room <= width
+        };
+        let with_bar = fits(&mut figures, bar_room);
+        if !with_bar {
+            fits(&mut figures, 0);
+        }
+        let text = figures
+            .iter()
+            .filter(|f| f.2)
+            .map(|f| f.0.as_str())
+            .collect::<Vec<_>>()
+            .join("  ");
+        if !with_bar {
+            return text.chars().take(width).collect();
+        }
+        let cells = (width - text.chars().count() - 3).min(MAX_CELLS);
+        let done = ((fraction * cells as f64) as usize).min(cells);
+        let mut bar = "=".repeat(done);
+        if done < cells {
+            bar.push('>');
+            bar.push_str(&" ".repeat(cells - done - 1));
+        }
+        format!("[{bar}] {text}")
+    }
+}
+
+/// Seconds as `M:SS` or `H:MM:SS`.
+fn clock(seconds: f64) -> String {
+    let s = seconds.min(360_000.0 - 1.0).round() as u64;
+    match s / 3600 {
+        0 => format!("{}:{:02}", s / 60, s % 60),
+        h => format!("{h}:{:02}:{:02}", s / 60 % 60, s % 60),
+    }
+}
+
+/// `1 file`, `2 files`, `0 files`.
+pub fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 #[derive(Serialize)]
@@ -121,7 +280,9 @@ fn seconds(us: u64) -> f64 {
     us as f64 / 1e6
 }
 
-pub fn print_report(report: &Report, tuning: &Tuning, json: bool) {
+/// The end of a successful run: the JSON object with `json`; else, unless `quiet`, notes
+/// and a one-line summary.
+pub fn print_report(report: &Report, tuning: &Tuning, json: bool, quiet: bool) {
     let secs = report.seconds.max(1e-9);
     let gbit = report.bytes as f64 * 8.0 / secs / 1e9;
     let files_per_s = report.files as f64 / secs;
@@ -169,6 +330,9 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool) {
         );
         return;
     }
+    if quiet {
+        return;
+    }
     for s in &report.skipped {
         eprintln!("wanxfer: skipped {s}: not a file, directory or symlink");
     }
@@ -178,33 +342,41 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool) {
     if let Some(why) = &report.peer_io.fallback {
         eprintln!("wanxfer: note: the server says: {why}");
     }
-    let verified = if tuning.file_digest {
-        "verified"
-    } else {
-        "NOT verified"
-    };
     if report.files_up_to_date > 0 || report.bytes_skipped > 0 {
         eprintln!(
-            "wanxfer: {} file(s) already in place, {} not sent again",
-            report.files_up_to_date,
+            "wanxfer: {} already in place, {} not sent again",
+            plural(report.files_up_to_date, "file", "files"),
             human_bytes(report.bytes_skipped)
         );
     }
     if report.attempts > 1 {
         eprintln!("wanxfer: completed after {} attempts", report.attempts);
     }
-    println!(
-        "{} in {} files ({verified}) in {:.2} s: {:.2} Gbit/s, {:.0} files/s; CPU here {:.2}s user {:.2}s sys, server {:.2}s user {:.2}s sys",
+    println!("{}", summary(report, tuning.file_digest));
+}
+
+/// Two lines, each within 80 columns for any transfer under a few hours: what moved and
+/// how fast, then whether it was verified and the CPU it cost each side.
+fn summary(report: &Report, verified: bool) -> String {
+    let secs = report.seconds.max(1e-9);
+    let files_per_s = if report.files > 1 {
+        format!(", {:.0} files/s", report.files as f64 / secs)
+    } else {
+        String::new()
+    };
+    format!(
+        "{} in {} in {:.2} s: {}{files_per_s}\n\
+         {}; CPU user+sys here {:.2}+{:.2} s, server {:.2}+{:.2} s",
         human_bytes(report.bytes),
-        report.files,
+        plural(report.files, "file", "files"),
         report.seconds,
-        gbit,
-        files_per_s,
+        human_rate(report.bytes as f64 * 8.0 / secs),
+        if verified { "verified" } else { "NOT verified" },
         seconds(report.cpu.user_us),
         seconds(report.cpu.sys_us),
         seconds(report.peer_cpu.user_us),
         seconds(report.peer_cpu.sys_us),
-    );
+    )
 }
 
 /// One file that failed, for `--json`.
@@ -289,13 +461,172 @@ pub fn cause_chain(e: &Error) -> String {
     text
 }
 
+/// A size in binary units: `512 B`, `1.50 KiB`, `4.00 GiB`.
 fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut value = bytes as f64;
     let mut unit = 0;
     while value >= 1024.0 && unit + 1 < UNITS.len() {
         value /= 1024.0;
         unit += 1;
     }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}
+
+/// A rate in bits per second with decimal prefixes: `950.00 Mbit/s`, `9.87 Gbit/s`.
+fn human_rate(bits_per_s: f64) -> String {
+    const UNITS: [&str; 5] = ["bit/s", "kbit/s", "Mbit/s", "Gbit/s", "Tbit/s"];
+    let mut value = bits_per_s.max(0.0);
+    let mut unit = 0;
+    while value >= 1000.0 && unit + 1 < UNITS.len() {
+        value /= 1000.0;
+        unit += 1;
+    }
     format!("{value:.2} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bar_fits_every_width_whatever_the_figures() {
+        let extremes = [
+            (0, 0, 0, 0, None),
+            (1, 1, 1, 1, Some(1.0)),
+            (5 << 30, 10 << 30, 12_345, 1_000_000, Some(9.87e9)),
+            (u64::MAX / 2, u64::MAX, u64::MAX, u64::MAX, Some(1e15)),
+            (1 << 20, 1 << 40, 0, 1, Some(1e3)),
+        ];
+        for (bytes, total_bytes, files, total_files, bits_per_s) in extremes {
+            let state = BarState {
+                bytes,
+                total_bytes,
+                files,
+                total_files,
+                bits_per_s,
+            };
+            for width in 0..=200 {
+                let line = state.line(width);
+                assert!(line.chars().count() <= width, "{width}: {line:?}");
+            }
+            let line = state.line(79);
+            assert!(line.contains(" / ") && line.contains('%'), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn an_80_column_bar_shows_a_bar_and_every_figure() {
+        let state = BarState {
+            bytes: 3 << 29,
+            total_bytes: 4 << 30,
+            files: 2_500,
+            total_files: 5_000,
+            bits_per_s: Some(9.5e9),
+        };
+        let line = state.line(79);
+        assert!(line.starts_with("[=") && line.contains(">"), "{line:?}");
+        for figure in [
+            "38%",
+            "1.50 GiB / 4.00 GiB",
+            "2500/5000 files",
+            "9.50 Gbit/s",
+            "ETA  0:02",
+        ] {
+            assert!(line.contains(figure), "{line:?} lacks {figure:?}");
+        }
+        let one = BarState {
+            total_files: 1,
+            files: 0,
+            ..state
+        }
+        .line(79);
+        assert!(
+            one.contains("0/1 file ") || one.contains("0/1 file"),
+            "{one:?}"
+        );
+        assert!(!one.contains("1 files"), "{one:?}");
+    }
+
+    #[test]
+    fn the_summary_fits_80_columns_and_counts_files_grammatically() {
+        use wanxfer_engine::progress::CpuTime;
+        let cpu = CpuTime {
+            user_us: 999_990_000,
+            sys_us: 999_990_000,
+        };
+        let report = |bytes, files, seconds, cpu| Report {
+            bytes,
+            files,
+            failed_files: 0,
+            seconds,
+            cpu,
+            peer_cpu: cpu,
+            streams: 2,
+            block_size: 4 << 20,
+            depth: 4,
+            transport: "tcp",
+            fabric: None,
+            io: IoUse::default(),
+            peer_io: IoUse::default(),
+            zerocopy_sends: 0,
+            zerocopy_copied: 0,
+            skipped: Vec::new(),
+            ..Report::default()
+        };
+        let big = report(1023 << 40, 1_000_000, 9999.99, cpu);
+        for verified in [true, false] {
+            let text = summary(&big, verified);
+            assert_eq!(text.lines().count(), 2, "{text}");
+            for line in text.lines() {
+                assert!(line.chars().count() <= 80, "{line:?}");
+            }
+        }
+        let one = report(3 << 20, 1, 0.5, CpuTime::default());
+        let text = summary(&one, true);
+        assert!(
+            text.starts_with("3.00 MiB in 1 file in 0.50 s: 50.33 Mbit/s\nverified;"),
+            "{text}"
+        );
+        assert!(!text.contains("files"), "{text}");
+        let none = report(3 << 20, 0, 0.5, CpuTime::default());
+        assert!(summary(&none, false).contains("in 0 files in"));
+    }
+
+    #[test]
+    fn units_and_plurals() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 << 29), "1.50 GiB");
+        assert_eq!(human_rate(9.87e9), "9.87 Gbit/s");
+        assert_eq!(human_rate(950e6), "950.00 Mbit/s");
+        assert_eq!(plural(1, "file", "files"), "1 file");
+        assert_eq!(plural(0, "file", "files"), "0 files");
+        assert_eq!(clock(62.0), "1:02");
+        assert_eq!(clock(3723.0), "1:02:03");
+    }
+
+    #[test]
+    fn the_rate_is_measured_over_the_recent_window() {
+        let mut meter = RateMeter::default();
+        let start = Instant::now();
+        assert_eq!(meter.sample(start, 0), None, "no rate from one sample");
+        // 1 GB/s for 3 s, then nothing: after 2 s more the window holds only the stop.
+        let mut rate = None;
+        for tenth in 1..=30u64 {
+            rate = meter.sample(
+                start + Duration::from_millis(100 * tenth),
+                tenth * 100_000_000,
+            );
+        }
+        let gbit = rate.unwrap() / 1e9;
+        assert!((gbit - 8.0).abs() < 0.01, "{gbit}");
+        for tenth in 31..=55u64 {
+            rate = meter.sample(start + Duration::from_millis(100 * tenth), 3_000_000_000);
+        }
+        assert_eq!(rate, Some(0.0));
+    }
 }

@@ -2,7 +2,7 @@
 //! 0600 on the server if missing) or the WANXFER_SECRET environment variable.
 
 use std::fs::OpenOptions;
-use std::io::Write;
+use std::io::{ErrorKind, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
@@ -57,8 +57,9 @@ fn create_file(path: &Path) -> Result<Vec<u8>, Error> {
         .open(path)
         .map_err(|e| Error::local("create secret file", path.display(), e))?;
     writeln!(file, "{secret}").map_err(|e| Error::local("write secret file", path.display(), e))?;
-    eprintln!(
-        "wanxfer: created secret file {} (mode 0600); give clients the same secret",
+    // Logged rather than printed, so that a server logging JSON reports it as JSON.
+    tracing::warn!(
+        "created secret file {} (mode 0600); give clients the same secret",
         path.display()
     );
     Ok(secret.into_bytes())
@@ -77,9 +78,17 @@ pub fn for_server(file: Option<&Path>) -> Result<Vec<u8>, Error> {
     }
 }
 
-/// The client's secret: the file, else the environment.
+/// The client's secret: the file, else the environment. A file that does not exist is a
+/// usage error, not a local I/O one: the client never creates it, and the remedy is to
+/// give the right path.
 pub fn for_client(file: Option<&Path>) -> Result<Vec<u8>, Error> {
     match file {
+        Some(path) if std::fs::metadata(path).is_err_and(|e| e.kind() == ErrorKind::NotFound) => {
+            Err(Error::Usage(format!(
+                "--secret-file {}: no such file; copy the server's secret file there, or set {ENV}",
+                path.display()
+            )))
+        }
         Some(path) => read_file(path),
         None => from_env().ok_or_else(|| {
             Error::Usage(format!(

@@ -159,7 +159,7 @@ fn a_refused_direct_write_falls_back_and_the_server_says_so() {
     );
     assert_same_tree(&src, &ramfs.path.join("a"), true);
 
-    cp(args(&[], "b"))
+    cp_with_notes(args(&[], "b"))
         .assert_ok()
         .assert_stderr_mentions("the server says: O_DIRECT");
     assert_same_tree(&src, &ramfs.path.join("b"), true);

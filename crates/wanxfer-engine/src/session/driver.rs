@@ -903,6 +903,7 @@ impl Driver {
                             .map(|p| String::from_utf8_lossy(p).into_owned()),
                     ),
                     MachineEvent::FinishRequested => {
+                        self.outcome.failures.extend(sink.finish_dirs());
                         let stats = self.stats();
                         machine.send_stats(stats);
                     }
@@ -911,6 +912,7 @@ impl Driver {
             }
             if machine.all_resolved() && self.setup.opener.is_some() && !finish_sent {
                 finish_sent = true;
+                self.outcome.failures.extend(sink.finish_dirs());
                 machine.finish();
             }
             let now = Instant::now();

@@ -228,6 +228,21 @@ where
     Run::from_output(cp_command(args).output().expect("run wanxfer cp"))
 }
 
+/// Runs `wanxfer cp ARGS...` without `--quiet`, so that its summary and notes are printed
+/// (stderr is not a terminal, so there is no progress bar).
+pub fn cp_with_notes<I, S>(args: I) -> Run
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut cmd = Command::new(wanxfer_bin());
+    cmd.arg("cp")
+        .args(args)
+        .env("WANXFER_SECRET", SECRET)
+        .env_remove("RUST_LOG");
+    Run::from_output(cmd.output().expect("run wanxfer cp"))
+}
+
 /// Runs `wanxfer cp ARGS...` with another secret.
 pub fn cp_with_secret<I, S>(secret: &str, args: I) -> Run
 where
