@@ -14,6 +14,9 @@
 //! clock or a random number generator, which is what makes it fuzzable (`fuzz/`) and lets
 //! the same session code drive TCP and libfabric.
 //!
+//! A control connection may instead carry remote operations ([`ops`]: stat, list, mkdir,
+//! remove, rename, checksum) as [`Message::OpRequest`] / [`Message::OpReply`] frames.
+//!
 //! What this crate does not do: decide policy. Local limits (block size, window, how many
 //! files may be open) are the engine's; this crate only enforces the protocol-wide
 //! ceilings that keep decoding itself bounded.
@@ -22,6 +25,7 @@ mod block;
 mod codec;
 pub mod handshake;
 mod message;
+pub mod ops;
 mod path;
 
 pub use block::{BlockHeader, PayloadCheck, Segment, BLOCK_MAGIC, MAX_BLOCK_PAYLOAD, MAX_SEGMENTS};

@@ -7,6 +7,7 @@
 //! in [`Message::decode`] as a comment.
 
 use crate::codec::{Decoder, Encoder};
+use crate::ops::{self, OpReply, OpRequest};
 use crate::path::{RelPath, MAX_PATH_BYTES};
 use crate::DecodeError;
 
@@ -349,6 +350,9 @@ pub enum Message {
         index: u16,
     },
     FabricEndpoint(FabricEndpoint),
+    /// Instead of [`OpenSession`]: a remote operation (see [`crate::ops`]).
+    OpRequest(OpRequest),
+    OpReply(OpReply),
 }
 
 impl Message {
@@ -371,6 +375,9 @@ impl Message {
             Message::Stats(_) => 15,
             Message::ChannelAccepted { .. } => 16,
             Message::FabricEndpoint(_) => 17,
+            // 18-39: reserved for the session layer's messages.
+            Message::OpRequest(_) => 40,
+            Message::OpReply(_) => 41,
         }
     }
 
@@ -451,6 +458,8 @@ impl Message {
                 e.bytes(&f.fabric);
                 e.bytes(&f.domain);
             }
+            Message::OpRequest(r) => ops::encode_request(r, e),
+            Message::OpReply(r) => ops::encode_reply(r, e),
         }
     }
 
@@ -541,6 +550,8 @@ impl Message {
                 fabric: d.bytes("fabric", MAX_FABRIC_NAME_BYTES)?.to_vec(),
                 domain: d.bytes("domain", MAX_FABRIC_NAME_BYTES)?.to_vec(),
             }),
+            40 => Message::OpRequest(ops::decode_request(&mut d)?),
+            41 => Message::OpReply(ops::decode_reply(&mut d)?),
             other => {
                 return Err(DecodeError::Unknown {
                     what: "message type",
@@ -670,7 +681,7 @@ fn decode_entry(d: &mut Decoder) -> Result<Entry, DecodeError> {
     Ok(entry)
 }
 
-fn encode_class(class: FailureClass) -> u8 {
+pub(crate) fn encode_class(class: FailureClass) -> u8 {
     match class {
         FailureClass::Auth => 1,
         FailureClass::Protocol => 2,
@@ -682,7 +693,7 @@ fn encode_class(class: FailureClass) -> u8 {
     }
 }
 
-fn decode_class(v: u8) -> Result<FailureClass, DecodeError> {
+pub(crate) fn decode_class(v: u8) -> Result<FailureClass, DecodeError> {
     Ok(match v {
         1 => FailureClass::Auth,
         2 => FailureClass::Protocol,
@@ -702,7 +713,7 @@ fn decode_class(v: u8) -> Result<FailureClass, DecodeError> {
 
 /// A path from the peer, refused with the offending bytes shown so that the error names
 /// the entry (escaped, since the bytes are hostile by assumption).
-fn decode_path(d: &mut Decoder) -> Result<RelPath, DecodeError> {
+pub(crate) fn decode_path(d: &mut Decoder) -> Result<RelPath, DecodeError> {
     let bytes = d.bytes("path", MAX_PATH_BYTES)?;
     RelPath::new(bytes).map_err(|reason| DecodeError::BadPath {
         path: bytes.escape_ascii().to_string(),
