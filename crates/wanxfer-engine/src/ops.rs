@@ -22,6 +22,9 @@
 //! set-id bits (mkdir modes are cut to `0777`, as [`fs::MODE_MASK`] cuts transfers'), or
 //! hash part of a file.
 
+mod client;
+pub(crate) mod server;
+
 use std::ffi::OsStr;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -32,6 +35,8 @@ use wanxfer_proto::ops::{
     ChecksumAlgorithm, ListEntry, ListPage, ListPager, Meta, NodeKind, OpFailure, RemoveMode,
 };
 use wanxfer_proto::RelPath;
+
+pub use client::Client;
 
 use crate::digest::{FileHasher, IN_CACHE_PIECE_BYTES};
 use crate::fs::{self, Kind, Root};

@@ -88,10 +88,7 @@ pub fn run_client(
 ) -> Result<Report, Error> {
     let started = Instant::now();
     let cpu_before = process_cpu();
-    let mut stream = connect(cfg)?;
-    send_preamble(&mut stream, ConnectionKind::Control, &cfg.server)?;
-    let mut control = Control::new(&stream, cfg.server.clone())?;
-    let auth = authenticate(&mut stream, &mut control, &cfg.secret)?;
+    let (mut stream, mut control, auth) = open_control(cfg)?;
     let request = open_request(&job, &cfg.tuning);
     let asked_flags = request.flags;
     control.send(&Message::OpenSession(request))?;
@@ -236,6 +233,18 @@ fn read_fabric_endpoint(
         )));
     }
     Ok(endpoint.port)
+}
+
+/// A control connection to `cfg.server`, authenticated, ready for a request (a session,
+/// or remote operations). Reads time out after [`SETUP_TIMEOUT`] until cleared.
+pub(crate) fn open_control(
+    cfg: &ClientConfig,
+) -> Result<(TcpStream, Control, wanxfer_proto::handshake::Authenticated), Error> {
+    let mut stream = connect(cfg)?;
+    send_preamble(&mut stream, ConnectionKind::Control, &cfg.server)?;
+    let mut control = Control::new(&stream, cfg.server.clone())?;
+    let auth = authenticate(&mut stream, &mut control, &cfg.secret)?;
+    Ok((stream, control, auth))
 }
 
 /// How long the server may take to answer during setup before we give up on it.

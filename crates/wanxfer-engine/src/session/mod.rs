@@ -8,7 +8,7 @@
 //! role, which is the same code on either side.
 
 pub mod client;
-mod control;
+pub(crate) mod control;
 pub mod driver;
 pub mod server;
 

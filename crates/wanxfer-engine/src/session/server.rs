@@ -299,6 +299,11 @@ impl Connection {
     ) -> Result<(), Error> {
         let request = match read_message(&mut stream, &self.peer)? {
             Message::OpenSession(o) => o,
+            // Remote operations instead of a session: this connection carries only them.
+            Message::OpRequest(first) => {
+                let idle = self.limits.stall_timeout;
+                return crate::ops::server::serve(&self.root, stream, control, first, idle);
+            }
             other => {
                 return Err(Error::protocol(
                     &self.peer,
