@@ -20,6 +20,7 @@ pub mod fs;
 pub mod ops;
 pub mod pool;
 pub mod progress;
+pub mod secret;
 pub mod session;
 pub mod sink;
 pub mod source;
