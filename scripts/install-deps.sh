@@ -10,7 +10,8 @@ PACKAGES=(
   iproute2                        # network namespaces for the WAN emulator tests
   iperf3                          # the ceiling in benchmarks; traffic in the emulator tests
   iputils-ping                    # delay checks through the WAN emulator
-  python3                         # benchmark drivers
+  python3                         # benchmark drivers; zlib.adler32 in the ops tests
+  xxhash                          # xxhsum -H2, the reference for `wanxfer sum`
 )
 
 missing=()

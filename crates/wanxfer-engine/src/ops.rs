@@ -65,9 +65,10 @@ pub struct RemoteUrl {
 impl RemoteUrl {
     pub const SCHEME: &'static [u8] = b"wanxfer://";
 
-    /// Parses `url`; `Ok(None)` when it is not a `wanxfer://` URL at all. The path is
-    /// relative to the server's root whatever slashes lead it (`wanxfer://h:1//data` is
-    /// `data`); `..`, empty components and NUL are refused as in every [`RelPath`].
+    /// Parses `url`; `Ok(None)` when it is not a `wanxfer://` URL at all. The path, after
+    /// the `/` that ends `HOST:PORT`, is relative to the server's root: `..`, empty
+    /// components, NUL and a further leading `/` (`wanxfer://h:1//etc`, which a user may
+    /// mean as absolute) are refused as in every [`RelPath`].
     pub fn parse(url: &[u8]) -> Result<Option<RemoteUrl>, Error> {
         let Some(rest) = url.strip_prefix(Self::SCHEME) else {
             return Ok(None);
@@ -84,9 +85,8 @@ impl RemoteUrl {
             .ok_or_else(|| {
                 Error::Usage(format!("{}: expected wanxfer://HOST:PORT/PATH", shown()))
             })?;
-        let start = path.iter().position(|&b| b != b'/').unwrap_or(path.len());
-        let path =
-            RelPath::new(&path[start..]).map_err(|e| Error::Usage(format!("{}: {e}", shown())))?;
+        let path = RelPath::new(path.strip_prefix(b"/").unwrap_or(path))
+            .map_err(|e| Error::Usage(format!("{}: {e}", shown())))?;
         Ok(Some(RemoteUrl {
             server: server.to_string(),
             path,

@@ -31,7 +31,7 @@ mod path;
 pub use block::{BlockHeader, PayloadCheck, Segment, BLOCK_MAGIC, MAX_BLOCK_PAYLOAD, MAX_SEGMENTS};
 pub use codec::{Decoder, Encoder};
 pub use message::*;
-pub use path::{check_name, PathError, RelPath, MAX_NAME_BYTES, MAX_PATH_BYTES};
+pub use path::{check_name, Escaped, PathError, RelPath, MAX_NAME_BYTES, MAX_PATH_BYTES};
 
 /// The protocol version this build speaks. Bump it when a frame's meaning changes; new
 /// optional behaviour is negotiated with [`features`] bits instead.

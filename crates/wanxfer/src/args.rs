@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use wanxfer_engine::fs::WriteMode;
+use wanxfer_engine::ops::RemoteUrl;
 use wanxfer_engine::session::{ClientConfig, ClientJob, PullDest, ServerLimits, Transport, Tuning};
 use wanxfer_engine::source::{IoMode, Source};
 use wanxfer_engine::Error;
+use wanxfer_proto::ops::ChecksumAlgorithm;
 use wanxfer_proto::RelPath;
 
 const EXIT_CODES: &str = "\
@@ -47,6 +49,163 @@ pub enum Command {
     /// Measure memory-to-memory throughput and CPU over block size × depth × streams.
     #[command(after_help = EXIT_CODES)]
     Bench(crate::bench::BenchArgs),
+    /// List a remote directory (in the server's order; pipe through sort for another).
+    #[command(after_help = EXIT_CODES)]
+    Ls(LsArgs),
+    /// Show a remote entry's kind, size, mode, mtime and symlink target (never followed).
+    #[command(after_help = EXIT_CODES)]
+    Stat(StatArgs),
+    /// Create remote directories.
+    #[command(after_help = EXIT_CODES)]
+    Mkdir(MkdirArgs),
+    /// Remove remote files, or directories with -r (symlinks are removed, never followed).
+    #[command(after_help = EXIT_CODES)]
+    Rm(RmArgs),
+    /// Rename or move within one server (into DST when it is an existing directory).
+    #[command(after_help = EXIT_CODES)]
+    Mv(MvArgs),
+    /// Print remote files' checksums, computed by the server next to the data.
+    #[command(after_help = EXIT_CODES)]
+    Sum(SumArgs),
+}
+
+/// What every remote operation takes.
+#[derive(Debug, Args)]
+pub struct RemoteArgs {
+    /// Shared secret file (else WANXFER_SECRET).
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
+    /// Print JSON: one object per line (per entry for ls, per operand otherwise).
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds to wait for a connection.
+    #[arg(long, default_value_t = 10)]
+    pub connect_timeout: u64,
+    /// Seconds a silent server is waited for (a long checksum or removal is not silence:
+    /// the server reports progress).
+    #[arg(long, default_value_t = 120)]
+    pub stall_timeout: u64,
+}
+
+impl RemoteArgs {
+    pub fn config(&self, server: &str, secret: Vec<u8>) -> ClientConfig {
+        ClientConfig {
+            server: server.to_string(),
+            secret,
+            tuning: Tuning {
+                stall_timeout: Duration::from_secs(self.stall_timeout.max(2)),
+                ..Tuning::default()
+            },
+            connect_timeout: Duration::from_secs(self.connect_timeout.max(1)),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// Long listing: mode, size, mtime (UTC), symlink targets.
+    #[arg(short = 'l')]
+    pub long: bool,
+    /// Recurse into subdirectories (never into symlinks); paths relative to URL.
+    #[arg(short = 'R')]
+    pub recursive: bool,
+    /// wanxfer://HOST:PORT/PATH ...
+    #[arg(required = true, value_name = "URL")]
+    pub urls: Vec<PathBuf>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct StatArgs {
+    /// wanxfer://HOST:PORT/PATH ...
+    #[arg(required = true, value_name = "URL")]
+    pub urls: Vec<PathBuf>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct MkdirArgs {
+    /// Create missing parents; an existing directory is no error.
+    #[arg(short = 'p', long)]
+    pub parents: bool,
+    /// Permission bits (octal), before the server's umask; set-id and sticky bits are
+    /// dropped by the server.
+    #[arg(short = 'm', long, default_value = "755", value_parser = parse_mode)]
+    pub mode: u32,
+    /// wanxfer://HOST:PORT/PATH ...
+    #[arg(required = true, value_name = "URL")]
+    pub urls: Vec<PathBuf>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RmArgs {
+    /// Remove directories and everything beneath them.
+    #[arg(short = 'r', short_alias = 'R', long)]
+    pub recursive: bool,
+    /// Remove empty directories too.
+    #[arg(short = 'd', long)]
+    pub dir: bool,
+    /// wanxfer://HOST:PORT/PATH ...
+    #[arg(required = true, value_name = "URL")]
+    pub urls: Vec<PathBuf>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct MvArgs {
+    /// wanxfer://HOST:PORT/PATH to move.
+    #[arg(value_name = "SRC")]
+    pub source: PathBuf,
+    /// wanxfer://HOST:PORT/PATH on the same server: the new name, or an existing
+    /// directory to move SRC into.
+    #[arg(value_name = "DST")]
+    pub dest: PathBuf,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct SumArgs {
+    /// xxh3 (XXH3-128, as `xxhsum -H2`), adler32 (8 hex digits, as Rucio), crc32c, md5.
+    #[arg(short = 'a', long, value_enum, default_value = "xxh3")]
+    pub algorithm: AlgorithmArg,
+    /// wanxfer://HOST:PORT/PATH ...
+    #[arg(required = true, value_name = "URL")]
+    pub urls: Vec<PathBuf>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AlgorithmArg {
+    Xxh3,
+    Adler32,
+    Crc32c,
+    Md5,
+}
+
+impl AlgorithmArg {
+    pub fn algorithm(self) -> ChecksumAlgorithm {
+        match self {
+            AlgorithmArg::Xxh3 => ChecksumAlgorithm::Xxh3,
+            AlgorithmArg::Adler32 => ChecksumAlgorithm::Adler32,
+            AlgorithmArg::Crc32c => ChecksumAlgorithm::Crc32c,
+            AlgorithmArg::Md5 => ChecksumAlgorithm::Md5,
+        }
+    }
+}
+
+/// An octal mode such as `755` or `0750`.
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| format!("{s:?} is not an octal mode (e.g. 755)"))
 }
 
 #[derive(Debug, Args)]
@@ -396,29 +555,12 @@ impl CpArgs {
 
 fn parse_location(arg: &std::path::Path) -> Result<Location, Error> {
     use std::os::unix::ffi::OsStrExt;
-    let bytes = arg.as_os_str().as_bytes();
-    let Some(rest) = bytes.strip_prefix(b"wanxfer://") else {
-        return Ok(Location::Local(arg.to_path_buf()));
-    };
-    let split = rest.iter().position(|&b| b == b'/').unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(split);
-    let server = std::str::from_utf8(authority)
-        .ok()
-        .filter(|a| {
-            a.rsplit_once(':')
-                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
-        })
-        .ok_or_else(|| {
-            Error::Usage(format!(
-                "{}: expected wanxfer://HOST:PORT/PATH",
-                arg.display()
-            ))
-        })?;
-    let path = path.strip_prefix(b"/").unwrap_or(path);
-    let path = RelPath::new(path).map_err(|e| Error::Usage(format!("{}: {e}", arg.display())))?;
-    Ok(Location::Remote {
-        server: server.to_string(),
-        path,
+    Ok(match RemoteUrl::parse(arg.as_os_str().as_bytes())? {
+        Some(url) => Location::Remote {
+            server: url.server,
+            path: url.path,
+        },
+        None => Location::Local(arg.to_path_buf()),
     })
 }
 
@@ -503,6 +645,14 @@ mod tests {
             parse_location(std::path::Path::new("./local")).unwrap(),
             Location::Local(PathBuf::from("./local"))
         );
+    }
+
+    #[test]
+    fn modes_are_octal_permission_bits() {
+        assert_eq!(parse_mode("755"), Ok(0o755));
+        assert_eq!(parse_mode("0750"), Ok(0o750));
+        assert!(parse_mode("8").is_err());
+        assert!(parse_mode("17777").is_err());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 mod args;
 mod bench;
+mod ops;
 mod output;
 mod secret;
 
@@ -50,6 +51,12 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Cp(args) => cp(args),
         Command::Bench(args) => bench::run(&args),
+        Command::Ls(args) => with_json_error(args.remote.json, ops::ls(&args)),
+        Command::Stat(args) => with_json_error(args.remote.json, ops::stat(&args)),
+        Command::Mkdir(args) => with_json_error(args.remote.json, ops::mkdir(&args)),
+        Command::Rm(args) => with_json_error(args.remote.json, ops::rm(&args)),
+        Command::Mv(args) => with_json_error(args.remote.json, ops::mv(&args)),
+        Command::Sum(args) => with_json_error(args.remote.json, ops::sum(&args)),
     };
     match result {
         Ok(()) => ExitCode::from(exit::OK),
@@ -63,7 +70,7 @@ fn main() -> ExitCode {
 fn init_logging(cli: &Cli) {
     let default = match &cli.command {
         Command::Serve(_) => "info",
-        Command::Cp(_) | Command::Bench(_) => "warn",
+        _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
@@ -81,6 +88,14 @@ fn serve(args: ServeArgs) -> Result<(), Error> {
     println!("wanxfer serving {} on {addr}", args.root.display());
     tracing::info!("serving {} on {addr}", args.root.display());
     server.serve(&Cancel::default())
+}
+
+/// With `--json`, a failure is also one JSON object on stdout, as for `cp`.
+fn with_json_error(json: bool, result: Result<(), Error>) -> Result<(), Error> {
+    if let (true, Err(e)) = (json, &result) {
+        output::print_error_json(e, exit_code(e));
+    }
+    result
 }
 
 fn cp(args: CpArgs) -> Result<(), Error> {

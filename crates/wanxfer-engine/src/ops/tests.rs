@@ -534,7 +534,7 @@ fn remote_urls_parse_relative_to_the_root() {
         (u.server.as_str(), u.path),
         ("127.0.0.1:7800", rel("data/run1"))
     );
-    let u = url("wanxfer://[::1]:7800//data/").unwrap().unwrap();
+    let u = url("wanxfer://[::1]:7800/data/").unwrap().unwrap();
     assert_eq!((u.server.as_str(), u.path), ("[::1]:7800", rel("data")));
     assert!(url("wanxfer://h:1").unwrap().unwrap().path.is_root());
     assert_eq!(url("/local/file").unwrap(), None);
@@ -543,6 +543,7 @@ fn remote_urls_parse_relative_to_the_root() {
         "wanxfer://:1/x",
         "wanxfer://h:1/../etc",
         "wanxfer://h:1/a//b",
+        "wanxfer://h:1//etc",
     ] {
         assert!(matches!(url(bad), Err(Error::Usage(_))), "{bad}");
     }
