@@ -12,6 +12,8 @@ PACKAGES=(
   iputils-ping                    # delay checks through the WAN emulator
   python3                         # benchmark drivers; zlib.adler32 in the ops tests
   xxhash                          # xxhsum -H2, the reference for `wanxfer sum`
+  libgfal2-dev                    # the gfal2 plugin's headers (bindgen) and libraries
+  gfal2 python3-gfal2             # gfal2 with its plugins, and the Python bindings its tests drive
 )
 
 missing=()
