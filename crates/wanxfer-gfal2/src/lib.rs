@@ -72,18 +72,19 @@ impl Plugin {
         Context(self.context)
     }
 
-    /// A connection to `server`: an idle one that is still open, or a new one.
-    fn client(&self, server: &str) -> Result<Client, Failure> {
+    /// A connection to `server`: an idle one that is still open, or a new one; says
+    /// which.
+    fn client(&self, server: &str) -> Result<(Client, bool), Failure> {
         let kept = self
             .idle
             .lock()
             .ok()
             .and_then(|mut idle| idle.remove(server));
         if let Some(client) = kept.filter(Client::is_usable) {
-            return Ok(client);
+            return Ok((client, true));
         }
         let cfg = config::client_config(&self.settings(), server, None)?;
-        Ok(Client::connect(&cfg)?)
+        Ok((Client::connect(&cfg)?, false))
     }
 
     /// Keeps `client` for the next operation on its server, if it can take one.
@@ -98,15 +99,24 @@ impl Plugin {
         }
     }
 
-    /// Runs `op` on a connection to `url`'s server; a refusal by the server leaves the
-    /// connection reusable, anything else drops it.
+    /// Runs `op` on a connection to `server`; a refusal by the server leaves the
+    /// connection reusable, anything else drops it. A kept connection the server closed
+    /// just as it was reused (it passed `is_usable`, then the request met a closed
+    /// socket) is replaced by a new one once, for an `idempotent` operation only: a
+    /// mkdir, remove or rename may have run before the connection broke.
     fn with_client<T>(
         &self,
         server: &str,
-        op: impl FnOnce(&mut Client) -> Result<T, Error>,
+        idempotent: bool,
+        mut op: impl FnMut(&mut Client) -> Result<T, Error>,
     ) -> Result<T, Failure> {
-        let mut client = self.client(server)?;
-        let result = op(&mut client);
+        let (mut client, reused) = self.client(server)?;
+        let mut result = op(&mut client);
+        if reused && idempotent && matches!(result, Err(Error::Network { .. })) {
+            let cfg = config::client_config(&self.settings(), server, None)?;
+            client = Client::connect(&cfg)?;
+            result = op(&mut client);
+        }
         if matches!(result, Ok(_) | Err(Error::Op { .. })) {
             self.keep(client);
         }
@@ -308,7 +318,7 @@ unsafe extern "C" fn stat(
     guard(err, c"wanxfer_stat", -1, || {
         // SAFETY: gfal2 passes our plugin data, a NUL-terminated URL and a stat buffer.
         let (plugin, url) = unsafe { (plugin(data), remote(bytes(url))?) };
-        let meta = plugin.with_client(&url.server, |c| c.stat(&url.path))?;
+        let meta = plugin.with_client(&url.server, true, |c| c.stat(&url.path))?;
         // SAFETY: `st` points to a struct stat gfal2 owns for the call.
         let st = unsafe { &mut *st };
         // SAFETY: struct stat is plain integers, for which all zeroes is a valid value.
@@ -328,7 +338,9 @@ unsafe extern "C" fn mkdirp(
     guard(err, c"wanxfer_mkdir", -1, || {
         // SAFETY: as in `stat`.
         let (plugin, url) = unsafe { (plugin(data), remote(bytes(url))?) };
-        plugin.with_client(&url.server, |c| c.mkdir(&url.path, parents != 0, mode))?;
+        plugin.with_client(&url.server, false, |c| {
+            c.mkdir(&url.path, parents != 0, mode)
+        })?;
         Ok(0)
     })
 }
@@ -341,7 +353,9 @@ unsafe extern "C" fn rmdir(
     guard(err, c"wanxfer_rmdir", -1, || {
         // SAFETY: as in `stat`.
         let (plugin, url) = unsafe { (plugin(data), remote(bytes(url))?) };
-        plugin.with_client(&url.server, |c| c.remove(&url.path, RemoveMode::EmptyDir))?;
+        plugin.with_client(&url.server, false, |c| {
+            c.remove(&url.path, RemoveMode::EmptyDir)
+        })?;
         Ok(0)
     })
 }
@@ -354,7 +368,9 @@ unsafe extern "C" fn unlink(
     guard(err, c"wanxfer_unlink", -1, || {
         // SAFETY: as in `stat`.
         let (plugin, url) = unsafe { (plugin(data), remote(bytes(url))?) };
-        plugin.with_client(&url.server, |c| c.remove(&url.path, RemoveMode::NotDir))?;
+        plugin.with_client(&url.server, false, |c| {
+            c.remove(&url.path, RemoveMode::NotDir)
+        })?;
         Ok(0)
     })
 }
@@ -375,7 +391,7 @@ unsafe extern "C" fn rename(
                 "rename between two wanxfer servers: move the data with a copy",
             ));
         }
-        plugin.with_client(&from.server, |c| c.rename(&from.path, &to.path))?;
+        plugin.with_client(&from.server, false, |c| c.rename(&from.path, &to.path))?;
         Ok(0)
     })
 }
@@ -400,7 +416,7 @@ unsafe extern "C" fn checksum(
             ));
         }
         let algorithm = algorithm(name)?;
-        let digest = plugin.with_client(&url.server, |c| c.checksum(&url.path, algorithm))?;
+        let digest = plugin.with_client(&url.server, true, |c| c.checksum(&url.path, algorithm))?;
         let text = hex(&digest);
         if text.len() >= out_len {
             return Err(Failure::new(
@@ -454,7 +470,7 @@ unsafe extern "C" fn opendir(
     guard(err, c"wanxfer_opendir", std::ptr::null_mut(), || {
         // SAFETY: as in `stat`.
         let (plugin, url) = unsafe { (plugin(data), remote(bytes(url))?) };
-        let mut client = plugin.client(&url.server)?;
+        let (mut client, _) = plugin.client(&url.server)?;
         let meta = client.stat(&url.path);
         let meta = match meta {
             Ok(meta) => meta,
