@@ -141,3 +141,83 @@ fn a_connection_closed_for_idling_is_not_reused() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A server that authenticates, reads one operation and answers it with `replies`, as a
+/// slow or broken server would: the client's side of the protocol, without the
+/// executor's timing.
+fn scripted_server(replies: Vec<wanxfer_proto::ops::OpReply>) -> String {
+    use std::io::{Read, Write};
+    use wanxfer_proto::handshake::{ServerHandshake, Step};
+    use wanxfer_proto::{encode_frame, features, FrameHeader, Message, Preamble};
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let read = |s: &mut std::net::TcpStream| {
+            let mut header = [0u8; FrameHeader::LEN];
+            s.read_exact(&mut header).unwrap();
+            let h = FrameHeader::decode(&header).unwrap();
+            let mut body = vec![0u8; h.len as usize];
+            s.read_exact(&mut body).unwrap();
+            Message::decode(h.kind, &body).unwrap()
+        };
+        let send = |s: &mut std::net::TcpStream, m: &Message| {
+            let mut out = Vec::new();
+            encode_frame(m, &mut out);
+            s.write_all(&out).unwrap();
+        };
+        let mut preamble = [0u8; Preamble::LEN];
+        s.read_exact(&mut preamble).unwrap();
+        let mut hs = ServerHandshake::new(SECRET, [9; 32], features::SUPPORTED);
+        loop {
+            match hs.handle(read(&mut s)).unwrap() {
+                Step::Send(m) => send(&mut s, &m),
+                Step::SendAndDone(m, _) => {
+                    send(&mut s, &m);
+                    break;
+                }
+                Step::Done(_) => break,
+            }
+        }
+        assert!(matches!(read(&mut s), Message::OpRequest(_)));
+        for reply in replies {
+            send(&mut s, &Message::OpReply(reply));
+        }
+        // Hold the connection until the client is done with it.
+        let _ = s.read(&mut [0u8; 1]);
+    });
+    addr
+}
+
+#[test]
+fn progress_frames_are_waited_through_and_a_mismatched_reply_is_refused() {
+    use wanxfer_proto::ops::OpReply;
+    let digest = vec![0, 0, 0, 1];
+    let addr = scripted_server(vec![
+        OpReply::Progress { done: 1 << 20 },
+        OpReply::Progress { done: 2 << 20 },
+        OpReply::Checksum {
+            algorithm: ChecksumAlgorithm::Adler32,
+            digest: digest.clone(),
+        },
+    ]);
+    let mut c = Client::connect(&config(&addr, SECRET)).unwrap();
+    assert_eq!(
+        c.checksum(&rel("f"), ChecksumAlgorithm::Adler32).unwrap(),
+        digest
+    );
+
+    // A checksum of another algorithm than asked is a protocol error, and the connection
+    // is not offered for reuse.
+    let addr = scripted_server(vec![OpReply::Checksum {
+        algorithm: ChecksumAlgorithm::Crc32c,
+        digest: vec![0; 4],
+    }]);
+    let mut c = Client::connect(&config(&addr, SECRET)).unwrap();
+    let err = c
+        .checksum(&rel("f"), ChecksumAlgorithm::Adler32)
+        .unwrap_err();
+    assert!(matches!(err, Error::Protocol { .. }), "{err:?}");
+    assert!(!c.is_usable());
+}
