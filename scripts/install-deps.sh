@@ -10,8 +10,11 @@ PACKAGES=(
   iproute2                        # network namespaces for the WAN emulator tests
   iperf3                          # the ceiling in benchmarks; traffic in the emulator tests
   iputils-ping                    # delay checks through the WAN emulator
-  python3                         # benchmark drivers
+  python3                         # benchmark drivers; zlib.adler32 in the ops tests
   systemd                         # the package test: systemd-analyze, -sysusers, -tmpfiles
+  xxhash                          # xxhsum -H2, the reference for `wanxfer sum`
+  libgfal2-dev                    # the gfal2 plugin's headers (bindgen) and libraries
+  gfal2 python3-gfal2             # gfal2 with its plugins, and the Python bindings its tests drive
 )
 
 missing=()

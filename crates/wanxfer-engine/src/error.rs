@@ -8,6 +8,7 @@
 use std::fmt::Display;
 use std::io;
 
+use wanxfer_proto::ops::OpFailure;
 use wanxfer_proto::{handshake::HandshakeError, DecodeError, ErrorMsg, FailureClass};
 
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +50,10 @@ pub enum Error {
         class: FailureClass,
         message: String,
     },
+    /// A remote operation failed beneath the server's root, with the reason a client maps
+    /// onto an errno (gfal2) or shows; the message names the path relative to the root.
+    #[error("{message}")]
+    Op { failure: OpFailure, message: String },
     #[error("{count} file(s) failed; first: {first}")]
     Files { count: u64, first: Box<Error> },
     #[error("transfer cancelled")]
@@ -134,7 +139,7 @@ impl Error {
             Error::Protocol { .. } => ErrorClass::Protocol,
             Error::Integrity { .. } => ErrorClass::Integrity,
             Error::LocalIo { .. } | Error::Limit(_) => ErrorClass::LocalIo,
-            Error::Refused { .. } => ErrorClass::Remote,
+            Error::Refused { .. } | Error::Op { .. } => ErrorClass::Remote,
             Error::Remote { class, .. } => match class {
                 FailureClass::Protocol => ErrorClass::Protocol,
                 FailureClass::Integrity => ErrorClass::Integrity,
@@ -155,6 +160,11 @@ impl Error {
             Error::LocalIo { .. } => FailureClass::Io,
             Error::Refused { .. } | Error::Usage(_) => FailureClass::Refused,
             Error::Limit(_) => FailureClass::Limit,
+            Error::Op { failure, .. } => match failure {
+                OpFailure::Io | OpFailure::NoSpace => FailureClass::Io,
+                OpFailure::Limit => FailureClass::Limit,
+                _ => FailureClass::Refused,
+            },
             Error::Remote { class, .. } => *class,
             Error::Files { first, .. } => first.wire_class(),
             Error::Network { .. } | Error::Cancelled | Error::Internal(_) => FailureClass::Internal,

@@ -119,27 +119,29 @@ impl Root {
                 .try_clone()
                 .map_err(|e| Error::local("duplicate root handle", self.show(rel), e));
         }
-        rustix::fs::openat2(
-            &self.fd,
-            OsStr::from_bytes(rel.as_bytes()),
-            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
-            Mode::empty(),
-            RESOLVE,
-        )
-        .map_err(|e| self.resolve_error(rel, e))
+        self.open_beneath(rel, OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC)
+            .map_err(|e| self.resolve_error(rel, e))
     }
 
     /// Opens file `rel` for reading beneath the root, refusing symlinks and escapes.
     pub fn open_file(&self, rel: &RelPath) -> Result<File, Error> {
+        self.open_beneath(rel, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC)
+            .map(File::from)
+            .map_err(|e| self.resolve_error(rel, e))
+    }
+
+    /// Opens `rel` (not the root itself) with `flags` beneath the root, a symlink anywhere
+    /// on the way refused (`ELOOP`) as is any way out (`EXDEV`). The raw error, for callers
+    /// that report failures in their own terms (the remote operations tell the client an
+    /// errno-like reason, and never the root's path on this host).
+    pub fn open_beneath(&self, rel: &RelPath, flags: OFlags) -> rustix::io::Result<OwnedFd> {
         rustix::fs::openat2(
             &self.fd,
             OsStr::from_bytes(rel.as_bytes()),
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            flags,
             Mode::empty(),
             RESOLVE,
         )
-        .map(File::from)
-        .map_err(|e| self.resolve_error(rel, e))
     }
 
     /// Metadata of `rel` without following a final symlink; `None` if it does not exist.

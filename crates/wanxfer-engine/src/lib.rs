@@ -8,6 +8,9 @@
 //! [`session`] module drives both ends over a control connection using the sans-IO
 //! protocol in `wanxfer-proto`.
 //!
+//! Besides sessions, a control connection can carry remote operations on the served tree
+//! ([`ops`]: stat, list, mkdir, remove, rename, checksum), executed beneath the same root.
+//!
 //! What the engine does not do: print, parse command lines, or pick policy defaults for a
 //! user; the `wanxfer` binary does that.
 
@@ -15,8 +18,10 @@ pub mod commit;
 pub mod digest;
 mod error;
 pub mod fs;
+pub mod ops;
 pub mod pool;
 pub mod progress;
+pub mod secret;
 pub mod session;
 pub mod sink;
 pub mod source;

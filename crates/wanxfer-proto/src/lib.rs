@@ -16,6 +16,9 @@
 //! clock or a random number generator, which is what makes it fuzzable (`fuzz/`) and lets
 //! the same session code drive TCP and libfabric.
 //!
+//! A control connection may instead carry remote operations ([`ops`]: stat, list, mkdir,
+//! remove, rename, checksum) as [`Message::OpRequest`] / [`Message::OpReply`] frames.
+//!
 //! What this crate does not do: decide policy. Local limits (block size, window, how many
 //! files may be open) are the engine's; this crate only enforces the protocol-wide
 //! ceilings that keep decoding itself bounded.
@@ -24,18 +27,23 @@ mod block;
 mod codec;
 pub mod handshake;
 mod message;
+pub mod ops;
 mod path;
 
 pub use block::{BlockHeader, PayloadCheck, Segment, BLOCK_MAGIC, MAX_BLOCK_PAYLOAD, MAX_SEGMENTS};
 pub use codec::{Decoder, Encoder};
 pub use message::*;
-pub use path::{check_name, PathError, RelPath, MAX_NAME_BYTES, MAX_PATH_BYTES};
+pub use path::{check_name, Escaped, PathError, RelPath, MAX_NAME_BYTES, MAX_PATH_BYTES};
 
 /// The protocol version this build speaks. Bump it when a frame's meaning changes; new
 /// optional behaviour is negotiated with [`features`] bits instead. Version 5 is session
 /// protocol 2: the server greets first, channel joins are bound to their connection, and
 /// transfers resume, compare and fail over.
 pub const PROTOCOL_VERSION: u16 = 5;
+
+/// The port a server listens on unless told otherwise, and the one a `wanxfer://HOST/`
+/// URL without a port reaches.
+pub const DEFAULT_PORT: u16 = 7800;
 
 /// Feature bits exchanged in [`Hello`]: each side says what it offers, and a session uses
 /// only what both offer ([`features::negotiate`]). A bit once used is never reused for

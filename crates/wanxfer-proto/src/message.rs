@@ -7,6 +7,7 @@
 //! in [`Message::decode`] as a comment.
 
 use crate::codec::{Decoder, Encoder};
+use crate::ops::{self, OpReply, OpRequest};
 use crate::path::{RelPath, MAX_PATH_BYTES};
 use crate::DecodeError;
 
@@ -453,6 +454,9 @@ pub enum Message {
     /// Nothing else to say, but still here: a session silent for its stall timeout is
     /// dead.
     Keepalive,
+    /// Instead of [`OpenSession`]: a remote operation (see [`crate::ops`]).
+    OpRequest(OpRequest),
+    OpReply(OpReply),
 }
 
 impl Message {
@@ -482,6 +486,9 @@ impl Message {
             Message::DropChannel { .. } => 22,
             Message::Skipped { .. } => 23,
             Message::Keepalive => 24,
+            // 25-39: reserved for the session layer's messages.
+            Message::OpRequest(_) => 40,
+            Message::OpReply(_) => 41,
         }
     }
 
@@ -584,6 +591,8 @@ impl Message {
                 paths.iter().for_each(|p| e.bytes(p));
             }
             Message::Keepalive => {}
+            Message::OpRequest(r) => ops::encode_request(r, e),
+            Message::OpReply(r) => ops::encode_reply(r, e),
         }
     }
 
@@ -722,6 +731,8 @@ impl Message {
                 Message::Skipped { paths }
             }
             24 => Message::Keepalive,
+            40 => Message::OpRequest(ops::decode_request(&mut d)?),
+            41 => Message::OpReply(ops::decode_reply(&mut d)?),
             other => {
                 return Err(DecodeError::Unknown {
                     what: "message type",
@@ -901,7 +912,7 @@ fn decode_entry(d: &mut Decoder) -> Result<Entry, DecodeError> {
     Ok(entry)
 }
 
-fn encode_class(class: FailureClass) -> u8 {
+pub(crate) fn encode_class(class: FailureClass) -> u8 {
     match class {
         FailureClass::Auth => 1,
         FailureClass::Protocol => 2,
@@ -913,7 +924,7 @@ fn encode_class(class: FailureClass) -> u8 {
     }
 }
 
-fn decode_class(v: u8) -> Result<FailureClass, DecodeError> {
+pub(crate) fn decode_class(v: u8) -> Result<FailureClass, DecodeError> {
     Ok(match v {
         1 => FailureClass::Auth,
         2 => FailureClass::Protocol,
@@ -933,7 +944,7 @@ fn decode_class(v: u8) -> Result<FailureClass, DecodeError> {
 
 /// A path from the peer, refused with the offending bytes shown so that the error names
 /// the entry (escaped, since the bytes are hostile by assumption).
-fn decode_path(d: &mut Decoder) -> Result<RelPath, DecodeError> {
+pub(crate) fn decode_path(d: &mut Decoder) -> Result<RelPath, DecodeError> {
     let bytes = d.bytes("path", MAX_PATH_BYTES)?;
     RelPath::new(bytes).map_err(|reason| DecodeError::BadPath {
         path: bytes.escape_ascii().to_string(),

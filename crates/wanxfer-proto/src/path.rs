@@ -151,12 +151,24 @@ impl fmt::Debug for RelPath {
 }
 
 impl fmt::Display for RelPath {
-    /// Shows the path escaped so that newlines or control bytes in a hostile name cannot
-    /// forge lines in a log or a terminal.
+    /// Shows the path escaped (see [`Escaped`]); the root is `.`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.0.is_empty() {
             return f.write_str(".");
         }
+        Escaped(&self.0).fmt(f)
+    }
+}
+
+/// Shows bytes from a peer or a disk (a name, a symlink target) escaped, so that
+/// newlines or control bytes in a hostile name cannot forge lines in a log, a terminal
+/// or a line of JSON: control characters as Rust escapes, bytes that are not UTF-8 as
+/// `\xNN`, everything else as is.
+#[derive(Debug, Clone, Copy)]
+pub struct Escaped<'a>(pub &'a [u8]);
+
+impl fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for chunk in self.0.utf8_chunks() {
             for c in chunk.valid().chars() {
                 if c.is_control() {

@@ -3,6 +3,10 @@
 //! panic the decoders.
 
 use proptest::prelude::*;
+use wanxfer_proto::ops::{
+    ChecksumAlgorithm, ListEntry, ListPage, Meta, NodeKind, OpError, OpFailure, OpReply, OpRequest,
+    RemoveMode,
+};
 use wanxfer_proto::*;
 
 fn rel_path() -> impl Strategy<Value = RelPath> {
@@ -53,9 +57,127 @@ fn entry() -> impl Strategy<Value = Entry> {
 }
 
 const PLACEMENTS: [Placement; 3] = [Placement::Resolve, Placement::Into, Placement::Onto];
+fn node_kind() -> impl Strategy<Value = NodeKind> {
+    prop_oneof![
+        Just(NodeKind::File),
+        Just(NodeKind::Dir),
+        Just(NodeKind::Symlink),
+        Just(NodeKind::Other),
+    ]
+}
+
+fn meta_of(kind: NodeKind) -> impl Strategy<Value = Meta> {
+    (
+        any::<u64>(),
+        0u32..=0o7777,
+        any::<i64>(),
+        0u32..1_000_000_000,
+        prop::collection::vec(1u8..=255, 0..20),
+    )
+        .prop_map(move |(size, mode, sec, nsec, target)| Meta {
+            kind,
+            size,
+            mode,
+            mtime_sec: sec,
+            mtime_nsec: nsec,
+            link_target: if kind == NodeKind::Symlink {
+                target
+            } else {
+                Vec::new()
+            },
+        })
+}
+
+fn meta() -> impl Strategy<Value = Meta> {
+    node_kind().prop_flat_map(meta_of)
+}
+
+fn list_entry() -> impl Strategy<Value = ListEntry> {
+    (node_kind(), rel_path(), any::<bool>())
+        .prop_flat_map(|(kind, path, long)| {
+            (
+                Just(kind),
+                Just(path),
+                prop::option::of(meta_of(kind)).prop_map(move |m| m.filter(|_| long)),
+            )
+        })
+        .prop_map(|(kind, path, meta)| ListEntry { path, kind, meta })
+}
+
+fn algorithm() -> impl Strategy<Value = ChecksumAlgorithm> {
+    prop::sample::select(ChecksumAlgorithm::ALL.to_vec())
+}
+
+fn op_request() -> impl Strategy<Value = OpRequest> {
+    prop_oneof![
+        rel_path().prop_map(|path| OpRequest::Stat { path }),
+        (rel_path(), any::<bool>(), any::<bool>()).prop_map(|(path, recursive, long)| {
+            OpRequest::List {
+                path,
+                recursive,
+                long,
+            }
+        }),
+        (rel_path(), any::<bool>(), 0u32..=0o7777).prop_map(|(path, parents, mode)| {
+            OpRequest::Mkdir {
+                path,
+                parents,
+                mode,
+            }
+        }),
+        (
+            rel_path(),
+            prop::sample::select(vec![
+                RemoveMode::NotDir,
+                RemoveMode::EmptyDir,
+                RemoveMode::Recursive
+            ])
+        )
+            .prop_map(|(path, mode)| OpRequest::Remove { path, mode }),
+        (rel_path(), rel_path()).prop_map(|(from, to)| OpRequest::Rename { from, to }),
+        (rel_path(), algorithm())
+            .prop_map(|(path, algorithm)| OpRequest::Checksum { path, algorithm }),
+    ]
+}
+
+fn op_failure() -> impl Strategy<Value = OpFailure> {
+    prop::sample::select(vec![
+        OpFailure::Other,
+        OpFailure::NotFound,
+        OpFailure::Exists,
+        OpFailure::NotDir,
+        OpFailure::IsDir,
+        OpFailure::NotEmpty,
+        OpFailure::PermissionDenied,
+        OpFailure::Escapes,
+        OpFailure::Reserved,
+        OpFailure::NoSpace,
+        OpFailure::Invalid,
+        OpFailure::Limit,
+        OpFailure::Io,
+    ])
+}
+
+fn op_reply() -> impl Strategy<Value = OpReply> {
+    prop_oneof![
+        meta().prop_map(OpReply::Meta),
+        (prop::collection::vec(list_entry(), 0..8), any::<bool>())
+            .prop_map(|(entries, more)| OpReply::List(ListPage { entries, more })),
+        algorithm().prop_flat_map(|algorithm| {
+            prop::collection::vec(any::<u8>(), algorithm.digest_len())
+                .prop_map(move |digest| OpReply::Checksum { algorithm, digest })
+        }),
+        Just(OpReply::Done),
+        (class(), op_failure(), ".{0,40}")
+            .prop_map(|(c, f, m)| OpReply::Error(OpError::new(c, f, &m))),
+        any::<u64>().prop_map(|done| OpReply::Progress { done }),
+    ]
+}
 
 fn message() -> impl Strategy<Value = Message> {
     prop_oneof![
+        op_request().prop_map(Message::OpRequest),
+        op_reply().prop_map(Message::OpReply),
         (
             any::<u16>(),
             any::<u64>(),

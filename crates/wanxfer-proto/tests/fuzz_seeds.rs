@@ -3,6 +3,10 @@
 //! variable it only checks that every seed decodes, so the seeds stay valid as the
 //! protocol evolves.
 
+use wanxfer_proto::ops::{
+    ChecksumAlgorithm, ListEntry, ListPage, Meta, NodeKind, OpError, OpFailure, OpReply, OpRequest,
+    RemoveMode,
+};
 use wanxfer_proto::*;
 
 fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
@@ -103,6 +107,75 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                 offset: 4096,
                 message: b"bad".to_vec(),
             }),
+        ),
+        (
+            "op-list",
+            Message::OpRequest(OpRequest::List {
+                path: path("top"),
+                recursive: true,
+                long: true,
+            }),
+        ),
+        (
+            "op-remove",
+            Message::OpRequest(OpRequest::Remove {
+                path: path("top/old"),
+                mode: RemoveMode::Recursive,
+            }),
+        ),
+        (
+            "op-rename",
+            Message::OpRequest(OpRequest::Rename {
+                from: path("a/f"),
+                to: path("b/f"),
+            }),
+        ),
+        (
+            "op-checksum",
+            Message::OpRequest(OpRequest::Checksum {
+                path: path("top/f"),
+                algorithm: ChecksumAlgorithm::Adler32,
+            }),
+        ),
+        (
+            "op-page",
+            Message::OpReply(OpReply::List(ListPage {
+                entries: vec![
+                    ListEntry {
+                        path: path("f"),
+                        kind: NodeKind::File,
+                        meta: Some(Meta {
+                            kind: NodeKind::File,
+                            size: 10,
+                            mode: 0o644,
+                            mtime_sec: 1,
+                            mtime_nsec: 2,
+                            link_target: vec![],
+                        }),
+                    },
+                    ListEntry {
+                        path: path("sub/l"),
+                        kind: NodeKind::Symlink,
+                        meta: None,
+                    },
+                ],
+                more: true,
+            })),
+        ),
+        (
+            "op-sum",
+            Message::OpReply(OpReply::Checksum {
+                algorithm: ChecksumAlgorithm::Md5,
+                digest: vec![7; 16],
+            }),
+        ),
+        (
+            "op-error",
+            Message::OpReply(OpReply::Error(OpError::new(
+                FailureClass::Refused,
+                OpFailure::Escapes,
+                "goes through a symlink",
+            ))),
         ),
     ];
     let mut out = Vec::new();

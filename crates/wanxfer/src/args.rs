@@ -12,15 +12,16 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use wanxfer_engine::fs::WriteMode;
+use wanxfer_engine::ops::{server_address, RemoteUrl};
 use wanxfer_engine::session::{
     ClientConfig, ClientJob, PullDest, RetryPolicy, ServerLimits, Transport, Tuning,
 };
 use wanxfer_engine::source::{IoMode, Source};
 use wanxfer_engine::Error;
+use wanxfer_proto::ops::ChecksumAlgorithm;
 use wanxfer_proto::{Compare, RelPath};
 
-/// The port a server listens on, and a `wanxfer://HOST/...` URL without one reaches.
-pub const DEFAULT_PORT: u16 = 7800;
+pub use wanxfer_proto::DEFAULT_PORT;
 /// Seconds a client waits for a connection (`cp`, `bench`).
 pub const DEFAULT_CONNECT_TIMEOUT_S: u64 = 10;
 /// The libfabric provider asked for, or offered, by `--transport fabric`: the one every
@@ -72,6 +73,163 @@ pub enum Command {
     /// Measure memory-to-memory throughput and CPU over block size × depth × streams.
     #[command(after_help = EXIT_CODES)]
     Bench(crate::bench::BenchArgs),
+    /// List a remote directory (in the server's order; pipe through sort for another).
+    #[command(after_help = EXIT_CODES)]
+    Ls(LsArgs),
+    /// Show a remote entry's kind, size, mode, mtime and symlink target (never followed).
+    #[command(after_help = EXIT_CODES)]
+    Stat(StatArgs),
+    /// Create remote directories.
+    #[command(after_help = EXIT_CODES)]
+    Mkdir(MkdirArgs),
+    /// Remove remote files, or directories with -r (symlinks are removed, never followed).
+    #[command(after_help = EXIT_CODES)]
+    Rm(RmArgs),
+    /// Rename or move within one server (into DST when it is an existing directory).
+    #[command(after_help = EXIT_CODES)]
+    Mv(MvArgs),
+    /// Print remote files' checksums, computed by the server next to the data.
+    #[command(after_help = EXIT_CODES)]
+    Sum(SumArgs),
+}
+
+/// What every remote operation takes.
+#[derive(Debug, Args)]
+pub struct RemoteArgs {
+    /// Shared secret file (else WANXFER_SECRET).
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
+    /// Print JSON: one object per line (per entry for ls, per operand otherwise).
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds to wait for a connection and its handshake.
+    #[arg(long, default_value_t = DEFAULT_CONNECT_TIMEOUT_S)]
+    pub connect_timeout: u64,
+    /// Seconds a silent server is waited for (a long checksum or removal is not silence:
+    /// the server reports progress).
+    #[arg(long, value_name = "SECONDS", default_value_t = Tuning::default().stall_timeout.as_secs())]
+    pub stall_timeout: u64,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+impl RemoteArgs {
+    pub fn config(&self, server: &str, secret: Vec<u8>) -> ClientConfig {
+        let tuning = Tuning {
+            stall_timeout: Duration::from_secs(self.stall_timeout.max(2)),
+            ..Tuning::default()
+        };
+        let mut config = ClientConfig::new(server.to_string(), secret, tuning);
+        config.connect_timeout = Duration::from_secs(self.connect_timeout.max(1));
+        config
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// Long listing: mode, size, mtime (UTC), symlink targets.
+    #[arg(short = 'l')]
+    pub long: bool,
+    /// Recurse into subdirectories (never into symlinks); paths relative to URL.
+    #[arg(short = 'R')]
+    pub recursive: bool,
+    /// wanxfer://HOST:PORT/PATH ...
+    #[arg(required = true, value_name = "URL")]
+    pub urls: Vec<PathBuf>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct StatArgs {
+    /// wanxfer://HOST:PORT/PATH ...
+    #[arg(required = true, value_name = "URL")]
+    pub urls: Vec<PathBuf>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct MkdirArgs {
+    /// Create missing parents; an existing directory is no error.
+    #[arg(short = 'p', long)]
+    pub parents: bool,
+    /// Permission bits (octal), before the server's umask; set-id and sticky bits are
+    /// dropped by the server.
+    #[arg(short = 'm', long, default_value = "755", value_parser = parse_mode)]
+    pub mode: u32,
+    /// wanxfer://HOST:PORT/PATH ...
+    #[arg(required = true, value_name = "URL")]
+    pub urls: Vec<PathBuf>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RmArgs {
+    /// Remove directories and everything beneath them.
+    #[arg(short = 'r', short_alias = 'R', long)]
+    pub recursive: bool,
+    /// Remove empty directories too.
+    #[arg(short = 'd', long)]
+    pub dir: bool,
+    /// wanxfer://HOST:PORT/PATH ...
+    #[arg(required = true, value_name = "URL")]
+    pub urls: Vec<PathBuf>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct MvArgs {
+    /// wanxfer://HOST:PORT/PATH to move.
+    #[arg(value_name = "SRC")]
+    pub source: PathBuf,
+    /// wanxfer://HOST:PORT/PATH on the same server: the new name, or an existing
+    /// directory to move SRC into.
+    #[arg(value_name = "DST")]
+    pub dest: PathBuf,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct SumArgs {
+    /// xxh3 (XXH3-128, as `xxhsum -H2`), adler32 (8 hex digits, as Rucio), crc32c, md5.
+    #[arg(short = 'a', long, value_enum, default_value = "xxh3")]
+    pub algorithm: AlgorithmArg,
+    /// wanxfer://HOST:PORT/PATH ...
+    #[arg(required = true, value_name = "URL")]
+    pub urls: Vec<PathBuf>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AlgorithmArg {
+    Xxh3,
+    Adler32,
+    Crc32c,
+    Md5,
+}
+
+impl AlgorithmArg {
+    pub fn algorithm(self) -> ChecksumAlgorithm {
+        match self {
+            AlgorithmArg::Xxh3 => ChecksumAlgorithm::Xxh3,
+            AlgorithmArg::Adler32 => ChecksumAlgorithm::Adler32,
+            AlgorithmArg::Crc32c => ChecksumAlgorithm::Crc32c,
+            AlgorithmArg::Md5 => ChecksumAlgorithm::Md5,
+        }
+    }
+}
+
+/// An octal mode such as `755` or `0750`.
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| format!("{s:?} is not an octal mode (e.g. 755)"))
 }
 
 impl Cli {
@@ -81,6 +239,12 @@ impl Cli {
             Command::Serve(a) => a.log.clone(),
             Command::Cp(a) => a.log.clone(),
             Command::Bench(a) => a.log.clone(),
+            Command::Ls(a) => a.remote.log.clone(),
+            Command::Stat(a) => a.remote.log.clone(),
+            Command::Mkdir(a) => a.remote.log.clone(),
+            Command::Rm(a) => a.remote.log.clone(),
+            Command::Mv(a) => a.remote.log.clone(),
+            Command::Sum(a) => a.remote.log.clone(),
         }
     }
 }
@@ -572,79 +736,16 @@ impl CpArgs {
     }
 }
 
-/// A side of a copy from its argument: `wanxfer://HOST[:PORT]/PATH` is remote, anything
-/// else local, except what is plainly a URL gone wrong (another scheme, `wanxfer:/x`,
-/// `wanxfer//x`, `wanxfr://x`): taken as a local path, that would copy into or out of a
-/// directory named after the typo, so it is refused. A local path that really looks like
-/// that can be written `./wanxfer:/x`.
+/// A side of a copy from its argument (see `RemoteUrl::parse`).
 fn parse_location(arg: &std::path::Path) -> Result<Location, Error> {
     use std::os::unix::ffi::OsStrExt;
-    let bytes = arg.as_os_str().as_bytes();
-    let scheme_len = bytes
-        .iter()
-        .position(|b| !(b.is_ascii_alphanumeric() || b"+.-".contains(b)))
-        .unwrap_or(bytes.len());
-    let (scheme, rest) = bytes.split_at(scheme_len);
-    let expected = "a remote side is wanxfer://HOST[:PORT]/PATH; a local path that looks like a URL can be written ./PATH";
-    if !scheme.first().is_some_and(u8::is_ascii_alphabetic) {
-        return Ok(Location::Local(arg.to_path_buf()));
-    }
-    let Some(rest) = rest.strip_prefix(b"://") else {
-        let typo = edit_distance(&scheme.to_ascii_lowercase(), b"wanxfer") <= 2
-            && (rest.starts_with(b":") || rest.starts_with(b"//"));
-        if typo {
-            return Err(Error::Usage(format!(
-                "{}: not a wanxfer URL: {expected}",
-                arg.display()
-            )));
-        }
-        return Ok(Location::Local(arg.to_path_buf()));
-    };
-    if !scheme.eq_ignore_ascii_case(b"wanxfer") {
-        return Err(Error::Usage(format!(
-            "{}: unknown scheme {}://: {expected}",
-            arg.display(),
-            String::from_utf8_lossy(scheme)
-        )));
-    }
-    let split = rest.iter().position(|&b| b == b'/').unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(split);
-    let server = std::str::from_utf8(authority)
-        .map_err(|_| "the host is not UTF-8".to_string())
-        .and_then(server_address)
-        .map_err(|why| Error::Usage(format!("{}: {why}", arg.display())))?;
-    let path = path.strip_prefix(b"/").unwrap_or(path);
-    let path = RelPath::new(path).map_err(|e| Error::Usage(format!("{}: {e}", arg.display())))?;
-    Ok(Location::Remote { server, path })
-}
-
-/// `HOST[:PORT]` (an IPv6 address in brackets) as `HOST:PORT`, with [`DEFAULT_PORT`] when
-/// none is given.
-fn server_address(authority: &str) -> Result<String, String> {
-    let (host, port) = match authority.rsplit_once(':') {
-        // The colon of an IPv6 address is not a port separator unless a `]` precedes it.
-        Some((host, port)) if !host.starts_with('[') || host.ends_with(']') => (host, Some(port)),
-        _ => (authority, None),
-    };
-    if host.is_empty() || host == "[]" {
-        return Err("no host: expected wanxfer://HOST[:PORT]/PATH".into());
-    }
-    if host.starts_with('[') != host.ends_with(']')
-        || (!host.starts_with('[') && host.contains(':'))
-    {
-        return Err(format!(
-            "{host:?} is not a host: an IPv6 address goes in brackets, [::1]:{DEFAULT_PORT}"
-        ));
-    }
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|&p| p != 0)
-            .ok_or_else(|| format!("{p:?} is not a port (1-65535)"))?,
-    };
-    Ok(format!("{host}:{port}"))
+    Ok(match RemoteUrl::parse(arg.as_os_str().as_bytes())? {
+        Some(url) => Location::Remote {
+            server: url.server,
+            path: url.path,
+        },
+        None => Location::Local(arg.to_path_buf()),
+    })
 }
 
 /// `bench --server`: `HOST[:PORT]` or `wanxfer://HOST[:PORT]`, as `HOST:PORT`.
@@ -688,23 +789,6 @@ fn parse_listen(s: &str) -> Result<String, String> {
             hint(&DEFAULT_PORT.to_string())
         )),
     }
-}
-
-/// Levenshtein distance, for spotting typos of a scheme or a configuration key.
-pub fn edit_distance(a: &[u8], b: &[u8]) -> usize {
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.iter().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = (above + 1)
-                .min(row[j] + 1)
-                .min(diagonal + usize::from(ca != cb));
-            diagonal = above;
-        }
-    }
-    row[b.len()]
 }
 
 /// A size as the size flags take it, in the largest binary unit that divides it exactly
@@ -1059,6 +1143,14 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
         assert!(parse_duration("3 fortnights").is_err());
+    }
+
+    #[test]
+    fn modes_are_octal_permission_bits() {
+        assert_eq!(parse_mode("755"), Ok(0o755));
+        assert_eq!(parse_mode("0750"), Ok(0o750));
+        assert!(parse_mode("8").is_err());
+        assert!(parse_mode("17777").is_err());
     }
 
     #[test]

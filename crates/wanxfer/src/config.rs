@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, ArgMatches, CommandFactory};
 
-use crate::args::{edit_distance, Cli};
+use crate::args::Cli;
+use wanxfer_engine::ops::edit_distance;
 
 /// Flags of `serve` that only make sense on the command line.
 const NOT_KEYS: [&str; 2] = ["config", "check-config"];

@@ -5,6 +5,7 @@ mod args;
 mod assets;
 mod bench;
 mod config;
+mod ops;
 mod output;
 mod secret;
 
@@ -78,6 +79,12 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Cp(args) => cp(args),
         Command::Bench(args) => bench::run(&args),
+        Command::Ls(args) => with_json_error(args.remote.json, ops::ls(&args)),
+        Command::Stat(args) => with_json_error(args.remote.json, ops::stat(&args)),
+        Command::Mkdir(args) => with_json_error(args.remote.json, ops::mkdir(&args)),
+        Command::Rm(args) => with_json_error(args.remote.json, ops::rm(&args)),
+        Command::Mv(args) => with_json_error(args.remote.json, ops::mv(&args)),
+        Command::Sum(args) => with_json_error(args.remote.json, ops::sum(&args)),
     };
     match result {
         Ok(()) => ExitCode::from(exit::OK),
@@ -97,7 +104,7 @@ fn init_logging(cli: &Cli) {
         Command::Serve(_) => "info",
         // Quiet means nothing on success, warnings included; failures still say why.
         Command::Cp(args) if args.quiet => "error",
-        Command::Cp(_) | Command::Bench(_) => "warn",
+        _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
@@ -156,6 +163,14 @@ fn serve(args: ServeArgs) -> Result<(), Error> {
     server.serve(&on_signal())
 }
 
+/// With `--json`, a failure is also one JSON object on stdout, as for `cp`.
+fn with_json_error(json: bool, result: Result<(), Error>) -> Result<(), Error> {
+    if let (true, Err(e)) = (json, &result) {
+        output::print_error_json(e, exit_code(e), None);
+    }
+    result
+}
+
 fn cp(args: CpArgs) -> Result<(), Error> {
     let secret = secret::for_client(args.secret_file.as_deref())?;
     let mut request = args.request(secret)?;
@@ -172,7 +187,7 @@ fn cp(args: CpArgs) -> Result<(), Error> {
         Err(failed) => {
             let e = failed.error;
             if args.json {
-                output::print_error_json(&e, exit_code(&e), &failed.report);
+                output::print_error_json(&e, exit_code(&e), Some(&failed.report));
             }
             if request.config.cancel.is_cancelled() {
                 eprintln!(

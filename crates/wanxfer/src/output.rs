@@ -412,19 +412,21 @@ fn class_name(class: ErrorClass) -> &'static str {
 
 /// A failed run's JSON: the error, its exit code, and what was done before it (bytes,
 /// files, and the files that failed).
-pub fn print_error_json(e: &Error, code: u8, report: &Report) {
-    let out = serde_json::json!({
+pub fn print_error_json(e: &Error, code: u8, report: Option<&Report>) {
+    let mut out = serde_json::json!({
         "error": cause_chain(e),
         "error_class": class_name(e.class()),
         "exit_code": code,
-        "bytes": report.bytes,
-        "bytes_skipped": report.bytes_skipped,
-        "files": report.files,
-        "files_up_to_date": report.files_up_to_date,
-        "failed_files": report.failed_files,
-        "attempts": report.attempts,
-        "failed": failed_json(report),
     });
+    if let Some(report) = report {
+        out["bytes"] = report.bytes.into();
+        out["bytes_skipped"] = report.bytes_skipped.into();
+        out["files"] = report.files.into();
+        out["files_up_to_date"] = report.files_up_to_date.into();
+        out["failed_files"] = report.failed_files.into();
+        out["attempts"] = report.attempts.into();
+        out["failed"] = serde_json::to_value(failed_json(report)).expect("plain data serializes");
+    }
     println!("{out}");
 }
 

@@ -3,36 +3,11 @@
 
 use std::fs::OpenOptions;
 use std::io::{ErrorKind, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+use wanxfer_engine::secret::{from_env, read_file, SECRET_ENV as ENV};
 use wanxfer_engine::Error;
-
-const ENV: &str = "WANXFER_SECRET";
-
-fn from_env() -> Option<Vec<u8>> {
-    std::env::var_os(ENV)
-        .map(|v| std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str()).to_vec())
-        .filter(|v| !v.is_empty())
-}
-
-fn read_file(path: &Path) -> Result<Vec<u8>, Error> {
-    let bytes =
-        std::fs::read(path).map_err(|e| Error::local("read secret file", path.display(), e))?;
-    let secret = bytes.trim_ascii_end().to_vec();
-    if secret.is_empty() {
-        return Err(Error::Usage(format!(
-            "{}: the secret file is empty",
-            path.display()
-        )));
-    }
-    if let Ok(meta) = std::fs::metadata(path) {
-        if meta.permissions().mode() & 0o077 != 0 {
-            tracing::warn!("{}: readable by others; chmod 600 it", path.display());
-        }
-    }
-    Ok(secret)
-}
 
 /// A fresh random secret: 32 bytes from the OS, as hex text (easy to paste and to put in
 /// an environment variable).
@@ -70,10 +45,10 @@ pub fn for_server(file: Option<&Path>) -> Result<Vec<u8>, Error> {
     match file {
         Some(path) if path.exists() => read_file(path),
         Some(path) => create_file(path),
-        None => from_env().ok_or_else(|| {
-            Error::Usage(format!(
+        None => from_env().unwrap_or_else(|| {
+            Err(Error::Usage(format!(
                 "give --secret-file FILE or set {ENV} to the shared secret"
-            ))
+            )))
         }),
     }
 }
@@ -90,10 +65,10 @@ pub fn for_client(file: Option<&Path>) -> Result<Vec<u8>, Error> {
             )))
         }
         Some(path) => read_file(path),
-        None => from_env().ok_or_else(|| {
-            Error::Usage(format!(
+        None => from_env().unwrap_or_else(|| {
+            Err(Error::Usage(format!(
                 "give --secret-file FILE or set {ENV} to the server's secret"
-            ))
+            )))
         }),
     }
 }

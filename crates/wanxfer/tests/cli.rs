@@ -40,11 +40,10 @@ fn cp_quiet_prints_nothing_on_success() {
     let site = Site::new();
     let src = site.path("one");
     write_pattern(&src, 100_000, 1);
-    // A secret file others may read makes the client log a warning, and
-    // --no-file-digest prints one: without -q both are shown.
+    // --no-file-digest prints a warning: without -q it is shown.
     let secret = site.path("secret");
     fs::write(&secret, SECRET).unwrap();
-    set_mode(&secret, 0o644);
+    set_mode(&secret, 0o600);
     let args = |dest: &str| {
         vec![
             OsStr::new("--no-file-digest").to_owned(),
@@ -55,9 +54,7 @@ fn cp_quiet_prints_nothing_on_success() {
         ]
     };
     let loud = cp_with_notes(args("loud"));
-    loud.assert_ok()
-        .assert_stderr_mentions("chmod 600")
-        .assert_stderr_mentions("--no-file-digest");
+    loud.assert_ok().assert_stderr_mentions("--no-file-digest");
     assert!(!loud.stdout.is_empty(), "{loud:#?}");
 
     let run = cp(args("one")); // `cp()` passes --quiet
@@ -172,6 +169,29 @@ fn serve_listen_without_a_host_exits_2_with_the_address_to_write() {
     }
     let run = wanxfer(["serve", "--listen", "127.0.0.1:0"]);
     run.assert_code(2).assert_stderr_mentions("--root");
+}
+
+/// The regression of issue 16 item 10: a secret file others can read, or a secret too
+/// short to resist guessing, is refused (not merely warned about), naming the remedy.
+#[test]
+fn a_weak_secret_is_refused() {
+    let site = Site::new();
+    let src = site.path("f");
+    write_pattern(&src, 1000, 1);
+    let secret = site.path("secret");
+    fs::write(&secret, SECRET).unwrap();
+    set_mode(&secret, 0o644);
+    let args = [
+        OsStr::new("--secret-file"),
+        secret.as_os_str(),
+        src.as_os_str(),
+        &site.server.url("f"),
+    ];
+    cp(args).assert_code(2).assert_stderr_mentions("chmod 600");
+    cp_with_secret("1", [src.as_os_str(), &site.server.url("f")])
+        .assert_code(2)
+        .assert_stderr_mentions("fewer than 16");
+    assert!(!site.root().join("f").exists());
 }
 
 #[test]

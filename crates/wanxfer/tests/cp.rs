@@ -423,7 +423,7 @@ fn a_wrong_secret_is_refused_before_the_server_touches_its_disk() {
     let src = site.path("f");
     fs::write(&src, b"data").unwrap();
     let run = cp_with_secret(
-        "not-the-secret",
+        "not-the-secret-of-this-server",
         [src.as_os_str(), &site.server.url("new-dir/f")],
     );
     run.assert_code(3).assert_stderr_mentions("secret");

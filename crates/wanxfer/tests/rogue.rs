@@ -980,3 +980,49 @@ fn a_pulling_client_fails_only_the_files_whose_digest_is_wrong() {
     assert!(error.contains("do not match the checksum"), "{json}");
     DigestTrial::assert_landed(&dest);
 }
+
+/// A connection carrying remote operations, driven by hand: paths forged past the
+/// encoder (`..`, absolute) are refused by the decoder, an operation's failure leaves the
+/// connection usable, and anything but an operation after one ends the connection. The
+/// server serves on, and nothing outside its root is touched.
+#[test]
+fn forged_operations_are_refused_and_the_server_serves_on() {
+    use wanxfer_proto::ops::{OpReply, OpRequest, RemoveMode};
+    let mut site = Site::new();
+    fs::write(site.root().join("kept"), b"k").unwrap();
+    let forge = |placeholder: &[u8], evil: &[u8]| {
+        let msg = Message::OpRequest(OpRequest::Remove {
+            path: RelPath::new(placeholder).unwrap(),
+            mode: RemoveMode::Recursive,
+        });
+        forged_frame(&msg, placeholder, evil)
+    };
+    for (placeholder, evil) in [(&b"xx/kept"[..], &b"../kept"[..]), (b"xxxxx", b"/root")] {
+        let (mut peer, _) = RawPeer::authenticate(&site.server, SECRET);
+        peer.send_raw(&forge(placeholder, evil));
+        peer.expect_refusal(Some("path"));
+    }
+    // Refused operations answer and the connection goes on; a session request on it
+    // does not.
+    let (mut peer, _) = RawPeer::authenticate(&site.server, SECRET);
+    peer.send(&Message::OpRequest(OpRequest::Stat {
+        path: RelPath::new(b"missing").unwrap(),
+    }));
+    match peer.recv() {
+        Some(Message::OpReply(OpReply::Error(e))) => {
+            assert!(String::from_utf8_lossy(&e.message).contains("no such file"))
+        }
+        other => panic!("expected an operation error, got {other:?}"),
+    }
+    peer.send(&Message::OpRequest(OpRequest::Stat {
+        path: RelPath::new(b"kept").unwrap(),
+    }));
+    assert!(matches!(
+        peer.recv(),
+        Some(Message::OpReply(OpReply::Meta(_)))
+    ));
+    peer.send(&Message::OpenSession(push_request("x")));
+    peer.expect_refusal(Some("expected an operation"));
+    assert_eq!(fs::read(site.root().join("kept")).unwrap(), b"k");
+    site.assert_unharmed();
+}

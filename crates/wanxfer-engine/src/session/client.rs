@@ -523,6 +523,40 @@ fn peer_io_use(stats: &Stats) -> IoUse {
     }
 }
 
+/// A control connection to `cfg.server`, authenticated and ready for a request other
+/// than a session (remote operations), with a read timeout of the connect timeout.
+pub(crate) fn open_control(
+    cfg: &ClientConfig,
+) -> Result<(TcpStream, conn::Control, Authenticated), Error> {
+    let peer = cfg.server.as_str();
+    let deadline = Deadline::after(cfg.connect_timeout);
+    let mut stream = conn::connect(peer, deadline, cfg.tuning.stall_timeout)?;
+    let mut handshake = ClientHandshake::new(&cfg.secret, random()?, client_features(&cfg.tuning));
+    let mut first = Preamble::new(ConnectionKind::Control).encode().to_vec();
+    first.extend_from_slice(&conn::frames(&[&handshake.hello()]));
+    conn::write_all_by(&mut stream, &first, deadline, peer)?;
+    let greeting = conn::read_greeting(&mut stream, deadline, peer)?;
+    let Step::Send(proof) = handshake
+        .handle(Message::Hello(greeting))
+        .map_err(|e| Error::handshake(peer, e))?
+    else {
+        return Err(Error::protocol(
+            peer,
+            "the handshake did not ask for a proof",
+        ));
+    };
+    conn::write_all_by(&mut stream, &conn::frames(&[&proof]), deadline, peer)?;
+    let Step::Done(auth) = handshake
+        .handle(conn::read_message_by(&mut stream, deadline, peer)?)
+        .map_err(|e| Error::handshake(peer, e))?
+    else {
+        return Err(Error::protocol(peer, "the handshake did not complete"));
+    };
+    let _ = stream.set_write_timeout(None);
+    let control = conn::Control::new(&stream, cfg.server.clone())?;
+    Ok((stream, control, auth))
+}
+
 /// Connects and agrees on a session. The server greets first; the client's preamble and
 /// `Hello` go at once, its proof and request together once the greeting is in: from the
 /// connection to the session's answer, one round trip more than the connect.

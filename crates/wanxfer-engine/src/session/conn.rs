@@ -235,6 +235,63 @@ pub fn connect(server: &str, deadline: Deadline, stall: Duration) -> Result<TcpS
     Err(Error::network("connecting to", server, last))
 }
 
+/// Reads one framed message with whatever read timeout the stream has (a connection
+/// that waits for requests sets its own idle timeout).
+pub fn read_message(stream: &mut TcpStream, peer: &str) -> Result<Message, Error> {
+    let read = |stream: &mut TcpStream, buf: &mut [u8]| {
+        stream.read_exact(buf).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => Error::network(
+                "connection closed by",
+                peer,
+                std::io::Error::new(e.kind(), "the peer went away"),
+            ),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                timed_out(peer, "answer")
+            }
+            _ => Error::network("receiving from", peer, e),
+        })
+    };
+    let mut header = [0u8; FrameHeader::LEN];
+    read(stream, &mut header)?;
+    let header = FrameHeader::decode(&header).map_err(|e| Error::decode(peer, e))?;
+    let mut body = vec![0u8; header.len as usize];
+    read(stream, &mut body)?;
+    header
+        .check_body(&body)
+        .map_err(|e| Error::decode(peer, e))?;
+    Message::decode(header.kind, &body).map_err(|e| Error::decode(peer, e))
+}
+
+/// Sends messages on a connection that carries one request and its replies at a time
+/// (remote operations), from the thread that owns it.
+#[derive(Debug)]
+pub struct Control {
+    stream: TcpStream,
+    pub peer: String,
+    scratch: Vec<u8>,
+}
+
+impl Control {
+    pub fn new(stream: &TcpStream, peer: String) -> Result<Control, Error> {
+        let stream = stream
+            .try_clone()
+            .map_err(|e| Error::network("setting up connection to", &peer, e))?;
+        Ok(Control {
+            stream,
+            peer,
+            scratch: Vec::new(),
+        })
+    }
+
+    pub fn send(&mut self, msg: &Message) -> Result<(), Error> {
+        self.scratch.clear();
+        encode_frame(msg, &mut self.scratch);
+        self.stream
+            .write_all(&self.scratch)
+            .map_err(|e| Error::network("sending to", &self.peer, e))
+    }
+}
+
 /// The session's events, as the control reader delivers them.
 pub type ControlEvent = Result<Message, Error>;
 

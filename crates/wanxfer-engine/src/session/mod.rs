@@ -10,6 +10,8 @@
 
 pub mod client;
 pub(crate) mod conn;
+/// What remote operations share with sessions: framing and a connection's control.
+pub(crate) use conn as control;
 pub mod driver;
 pub mod server;
 pub mod state;

@@ -571,10 +571,10 @@ impl Connection {
             }
         };
         self.ticket.release();
-        let request = match conn::read_message_by(&mut stream, deadline, &self.peer)? {
-            Message::OpenSession(o) => o,
-            _ => return Err(Error::protocol(&self.peer, "expected a request")),
-        };
+        let request = conn::read_message_by(&mut stream, deadline, &self.peer)?;
+        if !matches!(request, Message::OpenSession(_) | Message::OpRequest(_)) {
+            return Err(Error::protocol(&self.peer, "expected a request"));
+        }
         if self.shared.sessions.fetch_add(1, Ordering::SeqCst) >= self.shared.limits.max_sessions {
             self.shared.sessions.fetch_sub(1, Ordering::SeqCst);
             Self::refuse(
@@ -585,7 +585,18 @@ impl Connection {
             );
             return Err(Error::Limit("too many sessions".into()));
         }
-        let result = self.session(stream, auth, request);
+        let result = match request {
+            Message::OpenSession(open) => self.session(stream, auth, open),
+            // Remote operations instead of a session: this connection carries only them.
+            Message::OpRequest(first) => {
+                let _ = stream.set_write_timeout(None);
+                conn::Control::new(&stream, self.peer.clone()).and_then(|control| {
+                    let idle = self.shared.limits.stall_timeout;
+                    crate::ops::server::serve(&self.shared.root, stream, control, first, idle)
+                })
+            }
+            _ => Err(Error::protocol(&self.peer, "expected a request")),
+        };
         self.shared.sessions.fetch_sub(1, Ordering::SeqCst);
         result
     }
@@ -803,6 +814,7 @@ impl Connection {
         let stats_sink = sink.clone();
         let stats_meter = meter.clone();
         let direction = if receiving { "received" } else { "sent" };
+        let who = self.peer.clone();
         let setup = Setup {
             params: params.clone(),
             peer: self.peer.clone(),
@@ -817,6 +829,18 @@ impl Connection {
                     Some(sink) => sink.io_use(),
                     None => outcome.io.clone(),
                 };
+                // Logged before the client hears the end, so that the log is complete
+                // by the time the client is done.
+                let secs = started.elapsed().as_secs_f64().max(1e-9);
+                let bytes = progress.bytes.load(Ordering::Relaxed);
+                tracing::info!(
+                    "session with {who}: {direction} {bytes} bytes in {} ({} up to date, {} failed) in {secs:.2} s, {:.2} Gbit/s, CPU {:.2} s",
+                    files(outcome.files_ok),
+                    outcome.up_to_date,
+                    outcome.failures.len(),
+                    bytes as f64 * 8.0 / secs / 1e9,
+                    cpu.seconds(),
+                );
                 Stats {
                     cpu_user_us: cpu.user_us,
                     cpu_sys_us: cpu.sys_us,
@@ -835,19 +859,12 @@ impl Connection {
             _ => Err(Error::Internal("a session with no role".into())),
         };
         let _ = stream.shutdown(std::net::Shutdown::Both);
-        let secs = started.elapsed().as_secs_f64().max(1e-9);
-        let bytes = progress.bytes.load(Ordering::Relaxed);
-        match &outcome {
-            Ok(o) => tracing::info!(
-                "session with {}: {direction} {bytes} bytes in {} files ({} up to date, {} failed) in {secs:.2} s, {:.2} Gbit/s, CPU {:.2} s",
-                self.peer,
-                o.files_ok,
-                o.up_to_date,
-                o.failures.len(),
-                bytes as f64 * 8.0 / secs / 1e9,
-                meter.total().seconds(),
-            ),
-            Err(e) => tracing::warn!("session with {} ended: {e} ({bytes} bytes {direction} first; partial files kept to resume)", self.peer),
+        if let Err(e) = &outcome {
+            let bytes = progress.bytes.load(Ordering::Relaxed);
+            tracing::warn!(
+                "session with {} ended: {e} ({bytes} bytes {direction} first; partial files kept to resume)",
+                self.peer
+            );
         }
         outcome.map(drop)
     }
@@ -948,6 +965,15 @@ impl Connection {
             }
             _ => Err(Error::Usage("unknown direction".into())),
         }
+    }
+}
+
+/// "1 file", "2 files".
+fn files(n: u64) -> String {
+    if n == 1 {
+        "1 file".into()
+    } else {
+        format!("{n} files")
     }
 }
 

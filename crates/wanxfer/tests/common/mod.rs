@@ -161,6 +161,18 @@ impl Run {
             .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {:?}", self.stdout))
     }
 
+    /// Every line of stdout as JSON (`--json` output of ls, and of commands given
+    /// several operands).
+    pub fn json_lines(&self) -> Vec<serde_json::Value> {
+        self.stdout
+            .lines()
+            .map(|line| {
+                serde_json::from_str(line)
+                    .unwrap_or_else(|e| panic!("not JSON ({e}): {line:?} in {self:#?}"))
+            })
+            .collect()
+    }
+
     #[track_caller]
     pub fn assert_ok(&self) -> &Run {
         assert_eq!(self.code, 0, "wanxfer cp failed: {self:#?}");
@@ -252,6 +264,32 @@ where
     let mut cmd = cp_command(args);
     cmd.env("WANXFER_SECRET", secret);
     Run::from_output(cmd.output().expect("run wanxfer cp"))
+}
+
+/// Runs `wanxfer SUBCOMMAND ARGS...` (a remote operation: ls, stat, sum, ...) to
+/// completion with the test secret.
+pub fn wanxfer<I, S>(subcommand: &str, args: I) -> Run
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    wanxfer_with_secret(SECRET, subcommand, args)
+}
+
+/// Runs `wanxfer SUBCOMMAND ARGS...` with `secret` in WANXFER_SECRET.
+pub fn wanxfer_with_secret<I, S>(secret: &str, subcommand: &str, args: I) -> Run
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let out = Command::new(wanxfer_bin())
+        .arg(subcommand)
+        .args(args)
+        .env("WANXFER_SECRET", secret)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run wanxfer");
+    Run::from_output(out)
 }
 
 /// A finished child started with [`cp_command`].

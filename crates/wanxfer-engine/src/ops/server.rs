@@ -1,0 +1,148 @@
+//! The server's side of a connection that carries remote operations.
+//!
+//! Why it is a loop of its own rather than part of the session code: a session needs
+//! channels, a window and a driver, an operation needs one reply; keeping them apart
+//! keeps the hook into the connection set-up to one match arm (`session::server`), which
+//! can move wherever that set-up goes. One request is read, executed and answered at a
+//! time, so a connection holds at most one operation's state; a client silent for
+//! `idle` between requests, or gone, ends the connection quietly.
+
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use wanxfer_proto::ops::{OpError, OpFailure, OpReply, OpRequest, RemoveMode};
+use wanxfer_proto::{ErrorMsg, FailureClass, Message};
+
+use crate::fs::Root;
+use crate::session::control::{read_message, Control};
+use crate::Error;
+
+/// How often a long operation tells the client it is still at work: far below any
+/// client's silence timeout (two minutes by default), far above the cost of a frame.
+pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Runs operations on `stream` (authenticated, its first request `first` already read)
+/// until the client closes it or stays silent for `idle`. Errors of an operation go to
+/// the client and the connection goes on; only a connection that can no longer be used
+/// ends with an error.
+pub(crate) fn serve(
+    root: &Root,
+    mut stream: TcpStream,
+    mut control: Control,
+    first: OpRequest,
+    idle: Duration,
+) -> Result<(), Error> {
+    let peer = control.peer.clone();
+    let mut request = first;
+    loop {
+        execute(root, &request, &mut control)?;
+        let _ = stream.set_read_timeout(Some(idle));
+        request = match read_message(&mut stream, &peer) {
+            Ok(Message::OpRequest(next)) => next,
+            Ok(other) => {
+                let e = Error::protocol(&peer, format!("expected an operation, got {other:?}"));
+                let _ = control.send(&Message::Error(ErrorMsg::new(
+                    FailureClass::Protocol,
+                    &e.to_string(),
+                )));
+                return Err(e);
+            }
+            // Closed, or silent past `idle`: the client is done with this connection.
+            Err(Error::Network { .. }) => return Ok(()),
+            Err(e) => {
+                let _ = control.send(&Message::Error(ErrorMsg::new(
+                    e.wire_class(),
+                    &e.to_string(),
+                )));
+                return Err(e);
+            }
+        };
+    }
+}
+
+/// Executes one request and answers it; `Err` only when the client cannot be told.
+fn execute(root: &Root, request: &OpRequest, control: &mut Control) -> Result<(), Error> {
+    let peer = control.peer.clone();
+    let started = Instant::now();
+    let result = match request {
+        OpRequest::Stat { path } => super::stat(root, path).map(|m| Some(OpReply::Meta(m))),
+        OpRequest::List {
+            path,
+            recursive,
+            long,
+        } => super::list(root, path, *recursive, *long, &mut |page| {
+            control.send(&Message::OpReply(OpReply::List(page)))
+        })
+        .map(|()| None),
+        OpRequest::Mkdir {
+            path,
+            parents,
+            mode,
+        } => {
+            tracing::info!("{peer}: mkdir{} {path}", if *parents { " -p" } else { "" });
+            super::mkdir(root, path, *parents, *mode).map(|()| Some(OpReply::Done))
+        }
+        OpRequest::Remove { path, mode } => {
+            let how = match mode {
+                RemoveMode::Recursive => "rm -r",
+                RemoveMode::EmptyDir => "rmdir",
+                _ => "rm",
+            };
+            tracing::info!("{peer}: {how} {path}");
+            let mut progress = ticker(control);
+            super::remove(root, path, *mode, &mut progress).map(|()| Some(OpReply::Done))
+        }
+        OpRequest::Rename { from, to } => {
+            tracing::info!("{peer}: mv {from} {to}");
+            super::rename(root, from, to).map(|()| Some(OpReply::Done))
+        }
+        OpRequest::Checksum { path, algorithm } => {
+            let mut progress = ticker(control);
+            super::checksum(root, path, *algorithm, &mut progress).map(|digest| {
+                Some(OpReply::Checksum {
+                    algorithm: *algorithm,
+                    digest,
+                })
+            })
+        }
+        other => Err(Error::Op {
+            failure: OpFailure::Invalid,
+            message: format!("{other:?}: not an operation this server knows"),
+        }),
+    };
+    tracing::debug!("{peer}: {request:?} in {:?}", started.elapsed());
+    match result {
+        Ok(Some(reply)) => control.send(&Message::OpReply(reply)),
+        Ok(None) => Ok(()),
+        // Telling the client failed: nothing more can go over this connection.
+        Err(e @ Error::Network { .. }) => Err(e),
+        Err(e) => {
+            tracing::debug!("{peer}: {e}");
+            control.send(&Message::OpReply(OpReply::Error(op_error(&e))))
+        }
+    }
+}
+
+/// A progress callback that sends [`OpReply::Progress`] at most every
+/// [`PROGRESS_INTERVAL`].
+fn ticker(control: &mut Control) -> impl FnMut(u64) -> Result<(), Error> + '_ {
+    let mut last = Instant::now();
+    move |done| {
+        if last.elapsed() < PROGRESS_INTERVAL {
+            return Ok(());
+        }
+        last = Instant::now();
+        control.send(&Message::OpReply(OpReply::Progress { done }))
+    }
+}
+
+/// What the client is told about a failed operation.
+fn op_error(e: &Error) -> OpError {
+    let failure = match e {
+        Error::Op { failure, .. } => *failure,
+        Error::LocalIo { source, .. } => super::failure_of(source),
+        Error::Limit(_) => OpFailure::Limit,
+        _ => OpFailure::Other,
+    };
+    OpError::new(e.wire_class(), failure, &e.to_string())
+}
