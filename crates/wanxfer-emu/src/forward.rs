@@ -6,7 +6,7 @@
 //! one is paced to the microsecond.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::link::{Decision, Link};
 use crate::packet::{self, VnetHdr, VNET_HDR_LEN};
-use crate::{Config, Outage, Report};
+use crate::{Config, FlowOutage, Outage, Report};
 
 /// Packets read from one device before looking at the clock again.
 const READ_BATCH: usize = 64;
@@ -24,6 +24,10 @@ const READ_BATCH: usize = 64;
 const PUBLISH_EVERY: Duration = Duration::from_millis(50);
 /// The longest sleep, so that a stop request is seen promptly.
 const MAX_SLEEP: Duration = Duration::from_millis(50);
+
+/// Connections remembered for per-flow outages; later ones are not told apart (and so
+/// never cut), which a test opening this many would notice in the report.
+const MAX_FLOWS: usize = 4096;
 
 /// Room for the largest GSO batch a TUN hands over (64 KB) and its virtio-net header.
 const FRAME_MAX: usize = 128 * 1024;
@@ -66,6 +70,45 @@ impl DelayLine {
     }
 }
 
+/// The TCP connections seen so far, numbered in the order they opened, for
+/// [`FlowOutage`]s. Only kept when there are flow outages to apply.
+struct Flows<'a> {
+    outages: &'a [FlowOutage],
+    /// Number (from 1) and opening time of each connection.
+    seen: HashMap<packet::FlowKey, (u32, u64)>,
+}
+
+impl<'a> Flows<'a> {
+    fn new(outages: &'a [FlowOutage]) -> Self {
+        Flows {
+            outages,
+            seen: HashMap::new(),
+        }
+    }
+
+    /// Whether `packet`'s connection is in one of its outages at `now`.
+    fn cut(&mut self, packet: &[u8], now: u64) -> bool {
+        if self.outages.is_empty() {
+            return false;
+        }
+        let Some((key, opening)) = packet::tcp_flow(packet) else {
+            return false;
+        };
+        let number = self.seen.len() as u32 + 1;
+        let (flow, opened) = match self.seen.get(&key) {
+            Some(&known) => known,
+            None if opening && self.seen.len() < MAX_FLOWS => {
+                *self.seen.entry(key).or_insert((number, now))
+            }
+            None => return false,
+        };
+        let age = Duration::from_nanos(now.saturating_sub(opened));
+        self.outages
+            .iter()
+            .any(|o| o.flow == flow && o.from <= age && age < o.to)
+    }
+}
+
 pub fn run(
     left: File,
     right: File,
@@ -87,6 +130,7 @@ pub fn run(
     let mut line = DelayLine::default();
     let mut buf = vec![0u8; FRAME_MAX];
     let mut published = Duration::ZERO;
+    let mut flows = Flows::new(&config.flow_outages);
     while !stop.load(Ordering::Relaxed) {
         let now = start.elapsed();
         deliver_due(&mut line, &mut devices, &mut links, now.as_nanos() as u64)?;
@@ -101,6 +145,7 @@ pub fn run(
                 let now = start.elapsed();
                 let cut = in_outage(&config.outages, now, dir);
                 let now = now.as_nanos() as u64;
+                let cut = cut || flows.cut(buf.get(VNET_HDR_LEN..n).unwrap_or_default(), now);
                 admit_frame(&buf[..n], dir, &mut links[dir], &mut line, now, cut);
             }
         }

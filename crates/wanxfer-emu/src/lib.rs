@@ -52,6 +52,19 @@ pub struct Outage {
     pub both_ways: bool,
 }
 
+/// A span during which one TCP connection, both ways, loses every packet while the
+/// others carry on: one stream of several going dark behind a failing router or a
+/// stuck ECMP path, which is what a data mover's failover has to notice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowOutage {
+    /// The connection, counted from 1 in the order the emulator sees them open (their
+    /// first SYN), whichever side opens them.
+    pub flow: u32,
+    /// From the connection's opening.
+    pub from: Duration,
+    pub to: Duration,
+}
+
 /// The whole emulated path.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -60,6 +73,7 @@ pub struct Config {
     /// Right to left.
     pub back: LinkConfig,
     pub outages: Vec<Outage>,
+    pub flow_outages: Vec<FlowOutage>,
     pub seed: u64,
     /// `tcp_rmem`/`tcp_wmem` maximum inside both namespaces (at least 2 × BDP).
     pub tcp_mem: u64,
@@ -73,6 +87,7 @@ impl Default for Config {
             forward: LinkConfig::default(),
             back: LinkConfig::default(),
             outages: Vec::new(),
+            flow_outages: Vec::new(),
             seed: 1,
             tcp_mem: 64 << 20,
             cpu: None,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use wanxfer_emu::{Config, Emulator, LinkConfig, Outage, LEFT_IP, RIGHT_IP};
+use wanxfer_emu::{Config, Emulator, FlowOutage, LinkConfig, Outage, LEFT_IP, RIGHT_IP};
 
 /// Two network namespaces, `left` (10.77.0.1) and `right` (10.77.0.2), joined through a
 /// user-space link with delay, rate, buffer, loss, reordering, duplication, corruption
@@ -45,12 +45,18 @@ struct Args {
     /// Probability of flipping a TCP payload byte, checksum fixed up (left to right).
     #[arg(long, default_value_t = 0.0)]
     corrupt: f64,
-    /// The link is down both ways in this span from the start (e.g. 2s..5s); repeatable.
+    /// The link is down both ways in this span from the start (e.g. 2s..5s, or 2s.. for
+    /// good); repeatable.
     #[arg(long, value_parser = parse_span)]
     cut: Vec<(Duration, Duration)>,
     /// Left-to-right packets vanish in this span; repeatable.
     #[arg(long, value_parser = parse_span)]
     blackhole: Vec<(Duration, Duration)>,
+    /// The Nth TCP connection to open (from 1) loses every packet, both ways, in this
+    /// span from its opening, while the others carry on (e.g. 3@1s.. for one stream of
+    /// several going dark for good); repeatable.
+    #[arg(long, value_parser = parse_flow_outage, value_name = "N@FROM..TO")]
+    cut_flow: Vec<FlowOutage>,
     /// Seed for every random choice (printed in the report).
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -183,6 +189,7 @@ impl Args {
                 .map(outage(true))
                 .chain(self.blackhole.iter().map(outage(false)))
                 .collect(),
+            flow_outages: self.cut_flow.clone(),
             seed: self.seed,
             tcp_mem: self.tcp_mem,
             cpu: self.cpu,
@@ -243,9 +250,25 @@ fn parse_span(s: &str) -> Result<(Duration, Duration), String> {
     let (from, to) = s
         .split_once("..")
         .ok_or_else(|| format!("{s:?}: expected FROM..TO, e.g. 2s..5s"))?;
-    let (from, to) = (parse_duration(from)?, parse_duration(to)?);
+    let from = parse_duration(from)?;
+    let to = match to.trim() {
+        "" => Duration::MAX,
+        to => parse_duration(to)?,
+    };
     if to <= from {
         return Err(format!("{s:?}: the span ends before it starts"));
     }
     Ok((from, to))
+}
+
+fn parse_flow_outage(s: &str) -> Result<FlowOutage, String> {
+    let (flow, span) = s
+        .split_once('@')
+        .ok_or_else(|| format!("{s:?}: expected N@FROM..TO, e.g. 3@1s.."))?;
+    let flow = match flow.trim().parse::<u32>() {
+        Ok(n) if n > 0 => n,
+        _ => return Err(format!("{flow:?}: connections are counted from 1")),
+    };
+    let (from, to) = parse_span(span)?;
+    Ok(FlowOutage { flow, from, to })
 }

@@ -207,6 +207,30 @@ pub fn corrupt_tcp_payload(packet: &mut [u8], pick: u64) -> bool {
     true
 }
 
+/// A TCP connection as seen on the wire: the lower (address, port) end first, so that
+/// both directions of one connection give the same key.
+pub type FlowKey = ((u32, u16), (u32, u16));
+
+/// The connection an IPv4 TCP packet belongs to, and whether it opens one (SYN without
+/// ACK). None for anything else, and for fragments after the first.
+pub fn tcp_flow(packet: &[u8]) -> Option<(FlowKey, bool)> {
+    let first = *packet.first()?;
+    if first >> 4 != 4 || packet.len() < 20 || packet[9] != 6 {
+        return None;
+    }
+    if u16::from_be_bytes([packet[6], packet[7]]) & 0x1fff != 0 {
+        return None; // not the first fragment: no TCP header here
+    }
+    let ip_len = usize::from(first & 0x0f) * 4;
+    let tcp = packet.get(ip_len..ip_len + 14)?;
+    let addr = |at: usize| u32::from_be_bytes(packet[at..at + 4].try_into().expect("4 bytes"));
+    let port = |at: usize| u16::from_be_bytes([tcp[at], tcp[at + 1]]);
+    let (src, dst) = ((addr(12), port(0)), (addr(16), port(2)));
+    let flags = tcp[13];
+    let opening = flags & 0x02 != 0 && flags & 0x10 == 0;
+    Some(((src.min(dst), src.max(dst)), opening))
+}
+
 /// Offsets of the TCP header and its payload in an unfragmented IPv4 packet.
 fn tcp_payload(packet: &[u8]) -> Option<(usize, usize)> {
     let first = *packet.first()?;
@@ -285,6 +309,30 @@ mod tests {
             }
         }
         unreachable!("some checksum value always works")
+    }
+
+    #[test]
+    fn both_directions_of_a_connection_share_one_flow_key() {
+        let mut syn = segment(b"");
+        syn[20 + 13] = 0x02;
+        let (key, opening) = tcp_flow(&syn).unwrap();
+        assert!(opening);
+        // The reply: addresses and ports swapped, SYN+ACK.
+        let mut reply = syn.clone();
+        reply.copy_within(12..16, 16);
+        reply[12..16].copy_from_slice(&syn[16..20]);
+        reply[20..22].copy_from_slice(&syn[22..24]);
+        reply[22..24].copy_from_slice(&syn[20..22]);
+        reply[20 + 13] = 0x12;
+        let (back, opening) = tcp_flow(&reply).unwrap();
+        assert_eq!(back, key);
+        assert!(!opening, "a SYN+ACK answers, it does not open");
+        let mut later_fragment = syn.clone();
+        later_fragment[7] = 1;
+        assert_eq!(tcp_flow(&later_fragment), None);
+        let mut udp = syn;
+        udp[9] = 17;
+        assert_eq!(tcp_flow(&udp), None);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use wanxfer_emu::{unavailable_reason, Config, Emulator, LinkConfig, Outage, RIGHT_IP};
+use wanxfer_emu::{unavailable_reason, Config, Emulator, FlowOutage, LinkConfig, Outage, RIGHT_IP};
 
 fn skip() -> bool {
     match unavailable_reason() {
@@ -133,6 +133,76 @@ fn a_cut_drops_everything_while_it_lasts() {
     let report = emu.stop().unwrap();
     assert!(report.forward.dropped_cut >= 2, "{:?}", report.forward);
     assert_eq!(report.forward.packets_out, 0);
+}
+
+/// Echoes one line per connection on the right host's port 7900.
+const ECHO_SERVER: &str = r#"
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 7900))
+s.listen(16)
+print("listening", flush=True)
+while True:
+    c, _ = s.accept()
+    c.sendall(c.recv(100))
+    c.close()
+"#;
+
+/// Opens connections one after another, printing for each whether the echo came back.
+const ECHO_CLIENTS: &str = r#"
+import socket, sys
+for i in range(int(sys.argv[2])):
+    try:
+        c = socket.create_connection((sys.argv[1], 7900), timeout=2)
+        c.sendall(b"ping"); c.settimeout(2)
+        print("ok" if c.recv(100) == b"ping" else "bad", flush=True)
+    except OSError:
+        print("dark", flush=True)
+"#;
+
+#[test]
+fn a_flow_outage_darkens_one_connection_and_spares_the_rest() {
+    if skip() {
+        return;
+    }
+    let mut config = Config::default();
+    config.flow_outages.push(FlowOutage {
+        flow: 2,
+        from: Duration::ZERO,
+        to: Duration::MAX,
+    });
+    let emu = Emulator::start(config).unwrap();
+    let mut server = emu
+        .right("python3")
+        .args(["-c", ECHO_SERVER])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
+        &mut ready,
+    )
+    .unwrap();
+    let out = emu
+        .left("python3")
+        .args(["-c", ECHO_CLIENTS, RIGHT_IP, "3"])
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    let report = emu.stop().unwrap();
+    let seen: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        seen,
+        ["ok", "dark", "ok"],
+        "only the second connection is cut"
+    );
+    assert!(report.forward.dropped_cut >= 1, "{:?}", report.forward);
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use wanxfer_emu::{unavailable_reason, Config, Emulator, LinkConfig, Outage, RIGHT_IP};
+use wanxfer_emu::{unavailable_reason, Config, Emulator, FlowOutage, LinkConfig, Outage, RIGHT_IP};
 
 fn skip() -> bool {
     match unavailable_reason() {
@@ -159,11 +159,8 @@ fn corruption_tcp_cannot_see_is_caught_and_never_written() {
     assert!(temp_files(&server.root).is_empty(), "no partial file left");
 }
 
-#[test]
-fn a_cut_mid_transfer_ends_with_a_network_error_and_no_final_name() {
-    if skip() {
-        return;
-    }
+/// A 100 Mbit/s, 10 ms path with `outages` and `flow_outages`.
+fn narrow_path(outages: Vec<Outage>, flow_outages: Vec<FlowOutage>) -> Emulator {
     let mut config = Config::symmetric(
         LinkConfig {
             rate_bps: 100_000_000,
@@ -171,36 +168,126 @@ fn a_cut_mid_transfer_ends_with_a_network_error_and_no_final_name() {
         },
         Duration::from_millis(10),
     );
-    config.outages.push(Outage {
-        from: Duration::from_millis(2500),
-        to: Duration::from_secs(3600),
+    config.outages = outages;
+    config.flow_outages = flow_outages;
+    Emulator::start(config).unwrap()
+}
+
+/// A cut both ways from `from` for `length`.
+fn cut(from: Duration, length: Duration) -> Outage {
+    Outage {
+        from,
+        to: from.saturating_add(length),
         both_ways: true,
-    });
-    let emu = Emulator::start(config).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let server = serve_right(&emu, dir.path(), &["--stall-timeout", "4"]);
-    let src = dir.path().join("big.bin");
-    write_pattern(&src, 64 << 20, 9); // about 5 s at 100 Mbit/s: the cut comes mid-way
-    let run = cp_via(
-        emu.left(wanxfer_bin()),
-        [
-            OsStr::new("--stall-timeout"),
-            OsStr::new("4"),
-            src.as_os_str(),
-            &server.url("big.bin"),
-        ],
+    }
+}
+
+/// 64 MiB: about 5.5 s at 100 Mbit/s, so that a cut at 2.5 s comes mid-way.
+const BIG: u64 = 64 << 20;
+
+/// `wanxfer cp --json` of `src` to `url` from the left host, with a 2 s stall timeout.
+fn cp_left(emu: &Emulator, extra: &[&str], src: &Path, url: &OsStr) -> Run {
+    let mut args: Vec<&OsStr> = ["--json", "--stall-timeout", "2"]
+        .iter()
+        .chain(extra)
+        .map(OsStr::new)
+        .collect();
+    args.extend([src.as_os_str(), url]);
+    cp_via(emu.left(wanxfer_bin()), args)
+}
+
+#[test]
+fn a_cut_of_seconds_mid_transfer_is_ridden_out_and_resends_little() {
+    if skip() {
+        return;
+    }
+    let emu = narrow_path(
+        vec![cut(Duration::from_millis(2500), Duration::from_secs(4))],
+        vec![],
     );
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_right(&emu, dir.path(), &["--stall-timeout", "2"]);
+    let src = dir.path().join("big.bin");
+    write_pattern(&src, BIG, 9);
+    let run = cp_left(&emu, &[], &src, &server.url("big.bin"));
     let report = emu.stop().unwrap();
     eprintln!("{run:?}\n{:?}", report.forward);
-    assert!(
-        report.forward.dropped_cut > 0,
-        "the cut happened mid-transfer"
+    assert!(report.forward.dropped_cut > 0, "the cut came mid-transfer");
+    let json = run.assert_ok().json();
+    assert_eq!(
+        fs::read(server.root.join("big.bin")).unwrap(),
+        fs::read(&src).unwrap()
     );
+    assert!(temp_files(&server.root).is_empty(), "no partial file left");
+    let (attempts, lost) = (
+        json["attempts"].as_u64().unwrap(),
+        json["channels_lost"].as_u64().unwrap(),
+    );
+    assert!(attempts > 1 || lost > 0, "the cut was noticed: {json}");
+    // Only what was in flight or unconfirmed when the link went is sent twice.
+    let sent = json["bytes"].as_u64().unwrap();
+    assert!(
+        sent <= BIG + (16 << 20),
+        "{sent} bytes sent for {BIG}: {json}"
+    );
+}
+
+#[test]
+fn a_cut_for_good_ends_with_a_network_error_and_no_final_name() {
+    if skip() {
+        return;
+    }
+    let emu = narrow_path(
+        vec![cut(Duration::from_millis(2500), Duration::MAX)],
+        vec![],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_right(&emu, dir.path(), &["--stall-timeout", "2"]);
+    let src = dir.path().join("big.bin");
+    write_pattern(&src, BIG, 9);
+    let run = cp_left(&emu, &["--retry-for", "6s"], &src, &server.url("big.bin"));
+    let report = emu.stop().unwrap();
+    eprintln!("{run:?}\n{:?}", report.forward);
+    assert!(report.forward.dropped_cut > 0, "the cut came mid-transfer");
     run.assert_code(4);
     assert!(
         !server.root.join("big.bin").exists(),
         "no file under its final name"
     );
+}
+
+#[test]
+fn one_of_four_streams_going_dark_is_failed_over() {
+    if skip() {
+        return;
+    }
+    // Connection 1 is the control channel; 2 to 5 are the data streams.
+    let dark = FlowOutage {
+        flow: 3,
+        from: Duration::from_secs(1),
+        to: Duration::MAX,
+    };
+    let emu = narrow_path(vec![], vec![dark]);
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_right(&emu, dir.path(), &["--stall-timeout", "2"]);
+    let src = dir.path().join("big.bin");
+    write_pattern(&src, BIG, 5);
+    let run = cp_left(&emu, &["--streams", "4"], &src, &server.url("big.bin"));
+    let report = emu.stop().unwrap();
+    eprintln!("{run:?}\n{:?}", report.forward);
+    assert!(report.forward.dropped_cut > 0, "one stream went dark");
+    let json = run.assert_ok().json();
+    assert_eq!(
+        fs::read(server.root.join("big.bin")).unwrap(),
+        fs::read(&src).unwrap()
+    );
+    assert!(json["channels_lost"].as_u64().unwrap() >= 1, "{json}");
+    assert_eq!(
+        json["attempts"].as_u64().unwrap(),
+        1,
+        "the session carried on: {json}"
+    );
+    assert!(temp_files(&server.root).is_empty());
 }
 
 #[test]
