@@ -492,6 +492,10 @@ pub struct CpArgs {
     /// No retry starts later than this after the first attempt.
     #[arg(long, value_name = "DURATION", default_value = duration_text(RetryPolicy::default().retry_for), value_parser = parse_duration)]
     pub retry_for: Duration,
+    /// Start over instead of resuming: the receiver keeps no journal and no partial
+    /// files, and an interrupted run is sent again in full.
+    #[arg(long)]
+    pub no_resume: bool,
     /// Send files even when the destination has them with the same size and modification
     /// time (by default those are skipped, as rsync's quick check does).
     #[arg(long, conflicts_with = "checksum")]
@@ -624,6 +628,7 @@ impl CpArgs {
                 Compare::QuickCheck
             },
             durable: !self.no_fsync,
+            resume: !self.no_resume,
             ..Tuning::default()
         }
     }

@@ -187,6 +187,52 @@ fn client_vanishing_mid_push_leaves_the_server_serving_and_the_rerun_resumes() {
 }
 
 #[test]
+fn a_rerun_with_no_resume_starts_over_and_leaves_nothing() {
+    let site = Site::new();
+    let src = site.large_source();
+    let root = site.server.root.clone();
+    let mut client = cp_command([src.as_os_str(), &site.server.url("large.bin")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the server's temporary file",
+        Duration::from_secs(60),
+        || any_temp_file(&root),
+    );
+    let server_pid = site.server.pid();
+    signal(server_pid, "STOP");
+    client.kill().unwrap();
+    client.wait().unwrap();
+    signal(server_pid, "CONT");
+    wait_for(
+        "the server to end the session",
+        Duration::from_secs(60),
+        || site.server.log().contains("partial files kept"),
+    );
+    let json = cp([
+        "--json".as_ref(),
+        "--no-resume".as_ref(),
+        src.as_os_str(),
+        &site.server.url("large.bin"),
+    ])
+    .assert_ok()
+    .json();
+    assert_eq!(
+        json["bytes"].as_u64().unwrap(),
+        LARGE,
+        "all sent again: {json}"
+    );
+    assert_eq!(json["bytes_skipped"].as_u64().unwrap(), 0, "{json}");
+    assert_eq!(fs::metadata(root.join("large.bin")).unwrap().len(), LARGE);
+    assert!(
+        temp_files(&root).is_empty(),
+        "the old partial file was replaced"
+    );
+}
+
+#[test]
 fn a_full_disk_on_the_server_is_reported_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let Some(disk) = Mount::new(dir.path().join("root"), "tmpfs", "size=8m") else {

@@ -429,8 +429,11 @@ fn run_once(
                     };
                     let (root, placement, chosen) = local_target(path, tops, pinned)?;
                     state.set_placement(id, chosen)?;
-                    let journal = state.journal(*id, root.path())?;
-                    (Some((root, placement)), Some(Arc::new(journal)))
+                    let journal = match params.resumes() {
+                        true => Some(Arc::new(state.journal(*id, root.path())?)),
+                        false => None,
+                    };
+                    (Some((root, placement)), journal)
                 }
             };
             let limits = SinkLimits {
@@ -620,6 +623,9 @@ fn client_features(tuning: &Tuning) -> u64 {
     let mut offered = features::SUPPORTED;
     if tuning.compare == wanxfer_proto::Compare::Always {
         offered &= !features::COMPARE;
+    }
+    if !tuning.resume {
+        offered &= !features::RESUME;
     }
     offered
 }

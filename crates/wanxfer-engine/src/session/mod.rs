@@ -78,6 +78,10 @@ pub struct Tuning {
     pub compare: Compare,
     /// Whether a receiving side makes files durable before it acknowledges them (local).
     pub durable: bool,
+    /// Whether an interrupted transfer is resumed: the receiver journals what it
+    /// verified and keeps partial files, and says what it holds when the transfer is
+    /// run again. Off, every run starts over (and costs no journal writes).
+    pub resume: bool,
     /// Bytes of block buffers this side may hold for one session (local): the readers'
     /// and writers' counts and the pool are fitted into it.
     pub max_memory: u64,
@@ -107,6 +111,7 @@ impl Default for Tuning {
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             compare: Compare::QuickCheck,
             durable: true,
+            resume: true,
             max_memory: 1 << 30,
         }
     }
@@ -177,6 +182,11 @@ impl Params {
     pub fn resolve_io(&mut self, peer_on_this_host: bool) {
         let reads_every_byte = self.block_crc || self.file_digest;
         self.io = self.io.resolve(peer_on_this_host, reads_every_byte);
+    }
+
+    /// Whether the receiver journals and resumes (both sides offered it).
+    pub fn resumes(&self) -> bool {
+        self.features & wanxfer_proto::features::RESUME != 0
     }
 
     /// The checks every block of this session carries (`digest::check_flags`).

@@ -787,7 +787,7 @@ impl Connection {
                     let _ = report_to.send(Event::Resolved { id, result });
                 });
                 let journal = match (&shared.state, &target) {
-                    (Some(state), Some(_)) => Some(Arc::new(
+                    (Some(state), Some(_)) if params.resumes() => Some(Arc::new(
                         state.journal(request.transfer_id, shared.root.path())?,
                     )),
                     _ => None,
