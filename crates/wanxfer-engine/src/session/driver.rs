@@ -804,9 +804,7 @@ impl Driver {
         }
         if completed {
             if let Some(journal) = sink.journal() {
-                if let Ok(journal) = Arc::try_unwrap(journal.clone()) {
-                    journal.remove();
-                }
+                journal.remove();
             }
         }
         let io = sink.io_use();

@@ -196,6 +196,9 @@ pub struct JournalFile {
     transfer_id: [u8; 16],
     root: Vec<u8>,
     file: Mutex<Option<File>>,
+    /// Set (under `file`'s lock) once the transfer completed: later appends are dropped
+    /// rather than creating the journal again.
+    removed: std::sync::atomic::AtomicBool,
     replayed: Journal,
     next_file: std::sync::atomic::AtomicU32,
 }
@@ -207,6 +210,7 @@ impl JournalFile {
             transfer_id,
             root: root.as_os_str().as_bytes().to_vec(),
             file: Mutex::new(None),
+            removed: Default::default(),
             replayed: Journal::default(),
             next_file: Default::default(),
             path: path.clone(),
@@ -285,6 +289,9 @@ impl JournalFile {
         let mut bytes = Vec::new();
         records.iter().for_each(|r| r.encode(&mut bytes));
         let mut file = self.file.lock().expect("no panics while held");
+        if self.removed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
         if file.is_none() {
             *file = Some(self.create_file(&[])?);
         }
@@ -304,14 +311,11 @@ impl JournalFile {
     }
 
     /// The transfer completed: nothing is left to resume.
-    pub fn remove(self) {
-        if self
-            .file
-            .lock()
-            .expect("no panics while held")
-            .take()
-            .is_some()
-        {
+    pub fn remove(&self) {
+        let mut file = self.file.lock().expect("no panics while held");
+        self.removed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if file.take().is_some() {
             let _ = std::fs::remove_file(&self.path);
         }
     }
@@ -388,7 +392,13 @@ mod tests {
         let (_, partial) = again.replayed().find(b"big").unwrap();
         assert_eq!(partial.held_bytes(), 4 << 20);
         assert!(again.next_file() > n);
-        again.remove();
+        // Removed while others still hold it (the sink, the committer), and not brought
+        // back by a late append.
+        let shared = std::sync::Arc::new(again);
+        let held = shared.clone();
+        shared.remove();
+        held.append(&[Record::Closed { file: n }]).unwrap();
+        assert!(!state.journal_path(&[3; 16]).exists(), "the journal is gone");
         assert!(state
             .journal([3; 16], root)
             .unwrap()
