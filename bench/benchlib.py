@@ -24,7 +24,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLK = os.sysconf("SC_CLK_TCK")
 WANXFER = os.path.join(ROOT, "target", "release", "wanxfer")
-SECRET_ENV = {"WANXFER_SECRET": "bench-secret"}
+# At least 16 bytes: wanxfer refuses weaker secrets.
+SECRET_ENV = {"WANXFER_SECRET": "bench-secret-0123456789abcdef"}
 
 
 def sh(cmd, **kw):
@@ -160,8 +161,9 @@ def kill_group(p, sig=signal.SIGKILL):
 class Server:
     """A fresh server per run, in its own process group; CPU measured as described above."""
 
-    def __init__(self, cmd, port=None, env=None, shell=False, ready=None, stdout=subprocess.DEVNULL, wait=True):
-        self.p = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.DEVNULL, text=True, env=env, shell=shell,
+    def __init__(self, cmd, port=None, env=None, shell=False, ready=None, stdout=subprocess.DEVNULL, wait=True,
+                 stderr=subprocess.DEVNULL):
+        self.p = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True, env=env, shell=shell,
                                   start_new_session=True)
         self.line = None
         self.reaped = None
@@ -209,7 +211,7 @@ class Server:
         kill_group(self.p)  # forked leftovers
 
 
-def wanxfer_server(binary, root, env):
+def wanxfer_server(binary, root, env, flags=(), stderr=subprocess.DEVNULL):
     def ready(p):
         line = p.stdout.readline()
         m = re.search(r"on (127\.0\.0\.1:\d+)$", line.strip())
@@ -217,8 +219,8 @@ def wanxfer_server(binary, root, env):
             raise RuntimeError(f"server did not start: {line!r}")
         return m.group(1)
 
-    return Server([binary, "serve", "--root", root, "--listen", "127.0.0.1:0"], env=env, ready=ready,
-                  stdout=subprocess.PIPE)
+    return Server([binary, "serve", "--root", root, "--listen", "127.0.0.1:0", *flags], env=env, ready=ready,
+                  stdout=subprocess.PIPE, stderr=stderr)
 
 
 def compare_trees(a, b):

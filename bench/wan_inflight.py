@@ -56,7 +56,7 @@ def sweep(rtt_ms, rate, transport, seconds):
         "--right", f"{REL}/wanxfer serve --root /tmp --listen 10.77.0.2:7800 --transport fabric >/dev/null 2>&1",
         "--left", f"taskset -c 0 sh -c {shlex.quote(script)}",
     ]
-    env = dict(os.environ, WANXFER_SECRET="inflight-bench")
+    env = dict(os.environ, WANXFER_SECRET="inflight-bench-0123456789abcdef")
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600).stdout
     results = [json.loads(l) for l in out.splitlines() if l.startswith('{"bytes"')]
     points = []

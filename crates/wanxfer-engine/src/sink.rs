@@ -349,20 +349,26 @@ impl Sink {
     /// Takes in one manifest entry and says what the sender must send of it.
     /// Directories, symlinks and files already in place need nothing; a file with data
     /// waits for it (and may hold part of it already); one that cannot be received here
-    /// fails alone. `Err` is for failures that end the session (a full disk, a peer
-    /// breaking the protocol).
-    pub fn apply_entry(&self, id: u64, entry: &Entry) -> Result<Applied, Error> {
+    /// fails alone, with the error this side reports (the inner `Err`). The outer `Err`
+    /// is for failures that end the session (a full disk, a peer breaking the protocol).
+    pub fn place(&self, id: u64, entry: &Entry) -> Result<Result<Applied, Error>, Error> {
         let Some((root, placement)) = &self.target else {
-            return Ok(self.discard_entry(id, entry));
+            return Ok(Ok(self.discard_entry(id, entry)));
         };
         let dest = placement
             .map(&entry.path)
             .map_err(|reason| Error::protocol(&self.peer, reason))?;
         match self.place_entry(root, id, &dest, entry) {
-            Ok(applied) => Ok(applied),
             Err(e) if is_fatal(&e) => Err(e),
-            Err(error) => Ok(Applied::Failed(failure(&error))),
+            placed => Ok(placed),
         }
+    }
+
+    /// [`Sink::place`], a file failing alone told as the peer hears it.
+    pub fn apply_entry(&self, id: u64, entry: &Entry) -> Result<Applied, Error> {
+        Ok(self
+            .place(id, entry)?
+            .unwrap_or_else(|e| Applied::Failed(failure(&e))))
     }
 
     fn discard_entry(&self, id: u64, entry: &Entry) -> Applied {
@@ -441,9 +447,15 @@ impl Sink {
                         && (m.mtime_sec, m.mtime_nsec) == (entry.mtime_sec, entry.mtime_nsec)
                 });
                 if compare && same {
-                    self.forget_partial(&dir, name, dest);
-                    fs::fix_mode_at(dir.as_fd(), name, entry.mode)
-                        .map_err(|e| io("set the mode of", e))?;
+                    self.forget_partial(&dir, dest);
+                    // Opened (never through a symlink) only when there is a mode to fix:
+                    // a re-run of a big tree is mostly this one stat per file.
+                    if existing
+                        .is_some_and(|m| m.mode & fs::MODE_MASK != entry.mode & fs::MODE_MASK)
+                    {
+                        fs::fix_mode_at(dir.as_fd(), name, entry.mode)
+                            .map_err(|e| io("set the mode of", e))?;
+                    }
                     return Ok(Applied::UpToDate);
                 }
                 if entry.size == 0 {
@@ -522,7 +534,7 @@ impl Sink {
             None
         };
         let Some(mut temp) = reopened else {
-            self.forget_partial(dir, name, dest);
+            self.forget_partial(dir, dest);
             return Ok(None);
         };
         self.open_temp(&mut temp, entry.size, dest)?;
@@ -536,7 +548,7 @@ impl Sink {
 
     /// Drops what an interrupted run left of `dest` (the file is in place, or its source
     /// changed).
-    fn forget_partial(&self, dir: &std::os::fd::OwnedFd, name: &[u8], dest: &RelPath) {
+    fn forget_partial(&self, dir: &std::os::fd::OwnedFd, dest: &RelPath) {
         let Some(journal) = &self.journal else { return };
         if let Some((file, partial)) = journal.replayed().find(dest.as_bytes()) {
             if fs::is_temp_name(&partial.temp_name) {
@@ -548,7 +560,6 @@ impl Sink {
             }
             let _ = journal.append(&[Record::Closed { file }]);
         }
-        let _ = name;
     }
 
     /// The digests of a file in place, chunk by chunk at the session's block boundaries,

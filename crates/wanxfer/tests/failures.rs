@@ -332,3 +332,65 @@ fn a_file_the_server_cannot_create_fails_alone() {
     assert!(!root.join("copy/locked/refused").exists());
     assert!(temp_files(&root).is_empty());
 }
+
+/// 3,000 files in 30 directories at `src`; `d07` under `dest` is a regular file.
+fn tree_with_a_blocked_directory(src: &Path, dest: &Path) {
+    for d in 0..30 {
+        let dir = src.join(format!("d{d:02}"));
+        fs::create_dir_all(&dir).unwrap();
+        for f in 0..100 {
+            fs::write(dir.join(format!("f{f:03}")), format!("{d}/{f}")).unwrap();
+        }
+    }
+    fs::create_dir_all(dest).unwrap();
+    fs::write(dest.join("d07"), b"a file where the tree has a directory").unwrap();
+}
+
+/// Every file but the hundred under the blocked directory landed, whole.
+fn assert_rest_landed(src: &Path, dest: &Path) {
+    for d in (0..30).filter(|&d| d != 7) {
+        for f in 0..100 {
+            let rel = format!("d{d:02}/f{f:03}");
+            assert_eq!(
+                fs::read(dest.join(&rel)).unwrap(),
+                fs::read(src.join(&rel)).unwrap(),
+                "{rel}"
+            );
+        }
+    }
+    assert_eq!(
+        fs::read(dest.join("d07")).unwrap(),
+        b"a file where the tree has a directory",
+        "what stood in the way is untouched"
+    );
+    assert!(temp_files(dest).is_empty());
+}
+
+#[test]
+fn a_file_where_a_directory_must_go_fails_its_files_alone_both_ways() {
+    let site = Site::new();
+    // Push: the server cannot make d07; exit 8 (the server failed on its side).
+    let src = site.path("tree");
+    let dest = site.root().join("tree");
+    tree_with_a_blocked_directory(&src, &dest);
+    let run = cp(["--json".as_ref(), src.as_os_str(), &site.server.url("")]);
+    run.assert_code(8);
+    let json = run.json();
+    // The directory and the hundred files under it.
+    assert_eq!(json["failed_files"], 101, "{json}");
+    assert!(json["failed"].to_string().contains("d07"), "{json}");
+    assert_rest_landed(&src, &dest);
+    // Pull: this side cannot make d07; exit 7 (local I/O).
+    let served = site.root().join("served");
+    let here = site.path("here");
+    tree_with_a_blocked_directory(&served, &here.join("served"));
+    let run = cp([
+        "--json".as_ref(),
+        site.server.url("served").as_os_str(),
+        here.as_os_str(),
+    ]);
+    run.assert_code(7);
+    let json = run.json();
+    assert_eq!(json["failed_files"], 101, "{json}");
+    assert_rest_landed(&served, &here.join("served"));
+}

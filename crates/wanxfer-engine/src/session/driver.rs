@@ -857,23 +857,18 @@ impl Driver {
                         if entry.kind != EntryKind::Dir {
                             progress.total_files.fetch_add(1, Ordering::Relaxed);
                         }
-                        let applied = sink.apply_entry(id, &entry)?;
-                        match &applied {
-                            Applied::UpToDate => {
-                                progress
-                                    .bytes_skipped
-                                    .fetch_add(entry.size, Ordering::Relaxed);
+                        let applied = match sink.place(id, &entry)? {
+                            Ok(applied) => applied,
+                            Err(e) => {
+                                let told = crate::sink::failure(&e);
+                                self.local_errors.insert(id, e);
+                                Applied::Failed(told)
                             }
-                            Applied::Failed(f) => {
-                                self.local_errors.insert(
-                                    id,
-                                    Error::Refused {
-                                        path: entry.path.to_string(),
-                                        reason: f.message.clone(),
-                                    },
-                                );
-                            }
-                            _ => {}
+                        };
+                        if applied == Applied::UpToDate {
+                            progress
+                                .bytes_skipped
+                                .fetch_add(entry.size, Ordering::Relaxed);
                         }
                         machine
                             .applied(id, applied)

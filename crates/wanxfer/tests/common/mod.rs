@@ -620,6 +620,45 @@ impl Mount {
     }
 }
 
+impl Mount {
+    /// A fresh ext4 file system of `size` bytes in the image file `image`, mounted
+    /// through a loop device at `path`.
+    pub fn ext4_image(image: &Path, size: u64, path: PathBuf) -> Option<Mount> {
+        if !is_root() {
+            eprintln!("skipped: mounting a loop device needs root");
+            return None;
+        }
+        fs::File::create(image).unwrap().set_len(size).unwrap();
+        let made = Command::new("mkfs.ext4")
+            .args(["-q", "-F"])
+            .arg(image)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !made {
+            eprintln!("skipped: mkfs.ext4 is not available");
+            return None;
+        }
+        Mount::loop_image(image, path)
+    }
+
+    /// The file system in `image` mounted through a loop device at `path` (its journal
+    /// replayed, as after a crash).
+    pub fn loop_image(image: &Path, path: PathBuf) -> Option<Mount> {
+        fs::create_dir_all(&path).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "ext4", "-o", "loop"])
+            .arg(image)
+            .arg(&path)
+            .status()
+            .expect("run mount");
+        if !status.success() {
+            eprintln!("skipped: cannot mount a loop device here");
+            return None;
+        }
+        Some(Mount { path })
+    }
+}
+
 impl Drop for Mount {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.path).status();
