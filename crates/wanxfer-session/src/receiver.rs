@@ -357,8 +357,16 @@ impl ReceiverMachine {
     /// A whole block arrived on channel `index`.
     pub fn block_received(&mut self, now: Instant, index: u16) {
         self.link.heard(now);
+        let resolved = self.all_resolved();
         let channel = self.channels.entry(index).or_default();
         channel.received += 1;
+        if resolved {
+            // Nothing will be sent again, so the sender has no use for the count, and
+            // the session is ending: a report now would keep this side from being done
+            // when the sender's closing numbers arrive (or fail on its closed end).
+            channel.reported = channel.received;
+            return;
+        }
         if channel.received - channel.reported >= self.cfg.status_every.max(1) {
             channel.reported = channel.received;
             let received = channel.received;
@@ -373,11 +381,15 @@ impl ReceiverMachine {
     /// Channel `index` is gone on this side (it failed, or the sender asked): its count
     /// is final.
     pub fn channel_closed(&mut self, index: u16) {
+        let resolved = self.all_resolved();
         let channel = self.channels.entry(index).or_default();
         if channel.closed {
             return;
         }
         channel.closed = true;
+        if resolved {
+            return; // as in `block_received`
+        }
         channel.reported = channel.received;
         let received = channel.received;
         self.link.send(Message::ChannelStatus {
@@ -625,6 +637,38 @@ mod tests {
                 },
             ]
         );
+    }
+
+    /// Found by the simulation (tests/sim.rs): a block for a file that had already failed
+    /// arrived after the client's `Finish`; its count, queued behind a full writer, kept
+    /// the client from being done when the server's `Stats` came.
+    #[test]
+    fn nothing_is_reported_once_every_file_is_resolved() {
+        let now = Instant::now();
+        let mut m = ReceiverMachine::new(cfg(), now);
+        m.channel_opened(0);
+        m.handle_message(now, manifest(0, vec![entry("f", EntryKind::File, 9)]))
+            .unwrap();
+        m.applied(0, Applied::Pending).unwrap();
+        m.handle_message(
+            now,
+            Message::ManifestEnd(ManifestEnd {
+                entries: 1,
+                bytes: 9,
+            }),
+        )
+        .unwrap();
+        m.resolved(0, Ok(()));
+        m.finish();
+        assert_eq!(drain(&mut m, now).last(), Some(&Message::Finish));
+        for _ in 0..4 {
+            m.block_received(now, 0);
+        }
+        m.channel_closed(0);
+        assert!(drain(&mut m, now).is_empty());
+        m.handle_message(now, Message::Stats(Stats::default()))
+            .unwrap();
+        assert!(m.is_done());
     }
 
     #[test]
