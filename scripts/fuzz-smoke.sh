@@ -13,7 +13,7 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install cargo-fuzz --locked -q
 fi
 seconds=${FUZZ_SECONDS:-20}
-for target in frame block_header handshake; do
+for target in frame block_header handshake session; do
   echo "fuzzing $target for ${seconds}s"
   log=$(mktemp)
   found=$(mktemp -d)

@@ -264,22 +264,38 @@ impl Journal {
     }
 }
 
-/// Adds `ranges` to what `f` holds, keeping its list sorted and apart: a range past the
-/// file's size or overlapping one already held is ignored (a journal never records one;
-/// a damaged one is not trusted with it).
+/// Adds one record's `ranges` to what `f` holds, keeping its list sorted and apart.
+///
+/// A range that overlaps ranges of earlier records replaces them: those bytes were written
+/// again (a resumed range the sender refused, because its source changed behind the same
+/// size and modification time), and a record is only appended once a sync has made its
+/// bytes durable, so the later record is the one that describes the disk. Keeping the
+/// earlier one would have the journal vouch, with the old digest, for bytes that are no
+/// longer the old version's; a source put back to that version would then match it.
+/// Within one record, a range past the file's size or overlapping another is ignored (a
+/// journal never records one; a damaged one is not trusted with it).
 fn merge(f: &mut PartialFile, ranges: Vec<HeldRange>) {
-    let mut have = Coverage::default();
-    for r in &f.ranges {
-        let _ = have.add(r.offset, r.offset + u64::from(r.len));
-    }
+    let mut fresh = Coverage::default();
+    let mut taken = Vec::new();
     for r in ranges {
         let end = r.offset.saturating_add(u64::from(r.len));
-        if r.len == 0 || end > f.size || f.ranges.len() >= MAX_HELD_RANGES_PER_FILE {
+        if r.len == 0 || end > f.size {
             continue;
         }
-        if have.add(r.offset, end).is_ok() {
-            f.ranges.push(r);
+        if fresh.add(r.offset, end).is_ok() {
+            taken.push(r);
         }
+    }
+    f.ranges.retain(|old| {
+        fresh
+            .check_free(old.offset, old.offset + u64::from(old.len))
+            .is_ok()
+    });
+    for r in taken {
+        if f.ranges.len() >= MAX_HELD_RANGES_PER_FILE {
+            break;
+        }
+        f.ranges.push(r);
     }
     f.ranges.sort_by_key(|r| r.offset);
 }
@@ -405,7 +421,56 @@ mod tests {
         }
     }
 
-    /// Ranges past the file or overlapping what is held are not trusted.
+    /// Found by the simulation (tests/sim.rs): a resumed range refused because the source
+    /// changed behind the same size and mtime is written again and checkpointed; the
+    /// journal must then vouch for the new bytes, not the old digest.
+    #[test]
+    fn a_range_written_again_replaces_what_an_earlier_record_said() {
+        let mut log = Vec::new();
+        for r in [
+            Record::Header {
+                transfer_id: [1; 16],
+                root: Vec::new(),
+            },
+            Record::Partial {
+                file: 0,
+                dest: b"f".to_vec(),
+                size: 300,
+                mtime_sec: 0,
+                mtime_nsec: 0,
+                temp_name: b"t".to_vec(),
+            },
+            Record::Verified {
+                file: 0,
+                ranges: vec![range(0, 100), range(100, 100)],
+            },
+            Record::Verified {
+                file: 0,
+                ranges: vec![HeldRange {
+                    offset: 100,
+                    len: 100,
+                    digest: [9; 16],
+                }],
+            },
+        ] {
+            r.encode(&mut log);
+        }
+        let j = replay(&log);
+        assert_eq!(
+            j.files[&0].ranges,
+            vec![
+                range(0, 100),
+                HeldRange {
+                    offset: 100,
+                    len: 100,
+                    digest: [9; 16]
+                }
+            ]
+        );
+    }
+
+    /// Ranges past the file, or overlapping each other within one record, are not
+    /// trusted.
     #[test]
     fn impossible_ranges_are_ignored() {
         let mut log = Vec::new();

@@ -149,7 +149,10 @@ impl Link {
     }
 
     fn send(&mut self, msg: Message) {
-        self.out.push_back(msg);
+        // Once the session is over nothing more goes to the peer, and nothing waits to.
+        if self.finish != FinishState::Done {
+            self.out.push_back(msg);
+        }
     }
 
     fn poll_transmit(&mut self, now: Instant) -> Option<Message> {
@@ -202,6 +205,10 @@ impl Link {
             }
             Message::Stats(stats) if self.finish == FinishState::FinishSent => {
                 self.finish = FinishState::Done;
+                // The server has ended the session: what this side still had queued for
+                // it (a keepalive, a question about a channel its end closed) must not
+                // keep the session from being over.
+                self.out.clear();
                 self.events.push_back(Event::PeerStats(stats));
                 Ok(None)
             }

@@ -155,13 +155,24 @@ impl ReceiverMachine {
                 Ok(())
             }
             Message::Confirm(c) => {
-                let file = self
-                    .files
-                    .get_mut(&c.id)
-                    .filter(|f| f.held.is_some())
-                    .ok_or_else(|| {
-                        protocol(format!("a verdict on file id {} which holds nothing", c.id))
-                    })?;
+                if c.id >= self.next_id {
+                    return Err(protocol(format!(
+                        "a verdict on file id {}, which was never announced",
+                        c.id
+                    )));
+                }
+                // A verdict that refuses every held range has the whole file sent again, on
+                // data channels that can outrun it: by the time it arrives the file may be
+                // in place, or have failed. There is nothing left to accept.
+                let Some(file) = self.files.get_mut(&c.id) else {
+                    return Ok(());
+                };
+                if file.held.is_none() {
+                    return Err(protocol(format!(
+                        "a verdict on file id {} which holds nothing",
+                        c.id
+                    )));
+                }
                 if c.count as usize != file.held_ranges.len() {
                     return Err(protocol(format!(
                         "a verdict on {} ranges of file id {}, which holds {}",
@@ -172,16 +183,20 @@ impl ReceiverMachine {
                 }
                 let ranges = std::mem::take(&mut file.held_ranges);
                 file.held = None;
-                let accepted = ranges
+                let accepted: Vec<HeldRange> = ranges
                     .into_iter()
                     .enumerate()
                     .filter(|(i, _)| c.is_accepted(*i))
                     .map(|(_, r)| r)
                     .collect();
-                self.work.push_back(ReceiverWork::Accept {
-                    id: c.id,
-                    ranges: accepted,
-                });
+                // Nothing accepted is nothing to do, and the file may already be complete
+                // from the data sent instead (its resolution still on its way here).
+                if !accepted.is_empty() {
+                    self.work.push_back(ReceiverWork::Accept {
+                        id: c.id,
+                        ranges: accepted,
+                    });
+                }
                 Ok(())
             }
             Message::FileFailed(f) => {
@@ -342,8 +357,16 @@ impl ReceiverMachine {
     /// A whole block arrived on channel `index`.
     pub fn block_received(&mut self, now: Instant, index: u16) {
         self.link.heard(now);
+        let resolved = self.all_resolved();
         let channel = self.channels.entry(index).or_default();
         channel.received += 1;
+        if resolved {
+            // Nothing will be sent again, so the sender has no use for the count, and
+            // the session is ending: a report now would keep this side from being done
+            // when the sender's closing numbers arrive (or fail on its closed end).
+            channel.reported = channel.received;
+            return;
+        }
         if channel.received - channel.reported >= self.cfg.status_every.max(1) {
             channel.reported = channel.received;
             let received = channel.received;
@@ -358,11 +381,15 @@ impl ReceiverMachine {
     /// Channel `index` is gone on this side (it failed, or the sender asked): its count
     /// is final.
     pub fn channel_closed(&mut self, index: u16) {
+        let resolved = self.all_resolved();
         let channel = self.channels.entry(index).or_default();
         if channel.closed {
             return;
         }
         channel.closed = true;
+        if resolved {
+            return; // as in `block_received`
+        }
         channel.reported = channel.received;
         let received = channel.received;
         self.link.send(Message::ChannelStatus {
@@ -552,6 +579,36 @@ mod tests {
             .is_err());
     }
 
+    /// Found by the simulation (tests/sim.rs): every held range refused, the file's data
+    /// overtook the verdict on a data channel and completed it, and the late verdict
+    /// ended the session.
+    #[test]
+    fn a_verdict_that_arrives_after_its_file_completed_is_ignored() {
+        let now = Instant::now();
+        let mut m = ReceiverMachine::new(cfg(), now);
+        m.handle_message(now, manifest(0, vec![entry("f", EntryKind::File, 57)]))
+            .unwrap();
+        let held = vec![HeldRange {
+            offset: 0,
+            len: 57,
+            digest: [3; 16],
+        }];
+        m.applied(0, Applied::Held(held.clone())).unwrap();
+        m.resolved(0, Ok(()));
+        m.handle_message(now, Message::Confirm(Confirm::new(0, &[false])))
+            .unwrap();
+        // The same verdict while the file's completion is still on its way: the driver
+        // is given nothing to accept for a file its sink has already finished.
+        m.handle_message(now, manifest(1, vec![entry("g", EntryKind::File, 57)]))
+            .unwrap();
+        m.applied(1, Applied::Held(held)).unwrap();
+        m.handle_message(now, Message::Confirm(Confirm::new(1, &[false])))
+            .unwrap();
+        assert!(
+            std::iter::from_fn(|| m.poll_work()).all(|w| !matches!(w, ReceiverWork::Accept { .. }))
+        );
+    }
+
     #[test]
     fn channel_counts_are_reported_every_few_blocks_and_when_closed() {
         let now = Instant::now();
@@ -580,6 +637,38 @@ mod tests {
                 },
             ]
         );
+    }
+
+    /// Found by the simulation (tests/sim.rs): a block for a file that had already failed
+    /// arrived after the client's `Finish`; its count, queued behind a full writer, kept
+    /// the client from being done when the server's `Stats` came.
+    #[test]
+    fn nothing_is_reported_once_every_file_is_resolved() {
+        let now = Instant::now();
+        let mut m = ReceiverMachine::new(cfg(), now);
+        m.channel_opened(0);
+        m.handle_message(now, manifest(0, vec![entry("f", EntryKind::File, 9)]))
+            .unwrap();
+        m.applied(0, Applied::Pending).unwrap();
+        m.handle_message(
+            now,
+            Message::ManifestEnd(ManifestEnd {
+                entries: 1,
+                bytes: 9,
+            }),
+        )
+        .unwrap();
+        m.resolved(0, Ok(()));
+        m.finish();
+        assert_eq!(drain(&mut m, now).last(), Some(&Message::Finish));
+        for _ in 0..4 {
+            m.block_received(now, 0);
+        }
+        m.channel_closed(0);
+        assert!(drain(&mut m, now).is_empty());
+        m.handle_message(now, Message::Stats(Stats::default()))
+            .unwrap();
+        assert!(m.is_done());
     }
 
     #[test]

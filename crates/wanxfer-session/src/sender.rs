@@ -441,11 +441,22 @@ impl SenderMachine {
     /// timeout). The receiver is asked for its final count before anything is sent again,
     /// since the channel may have delivered more than this side knows.
     pub fn channel_failed(&mut self, index: u16) {
+        let resolved = self.all_resolved();
         let ledger = self.channels.entry(index).or_insert_with(Ledger::new);
-        if ledger.state == ChannelState::Open {
-            ledger.state = ChannelState::Dropping;
-            self.link.send(Message::DropChannel { index });
+        if ledger.state != ChannelState::Open {
+            return;
         }
+        if resolved {
+            // Nothing will be sent again, so there is nothing to ask. The receiver has
+            // most likely ended the session, which is why the channel closed, and a
+            // message now would keep this side from being done (or fail on the closed
+            // connection) before the receiver's closing numbers are read.
+            ledger.state = ChannelState::Closed;
+            ledger.pending.clear();
+            return;
+        }
+        ledger.state = ChannelState::Dropping;
+        self.link.send(Message::DropChannel { index });
     }
 
     fn channel_status(
@@ -745,6 +756,41 @@ mod tests {
             ]
         );
         assert_eq!(m.open_channels(), 1);
+    }
+
+    /// Found by the simulation (tests/sim.rs): the server finished and closed its data
+    /// channels; the client's pumps failed before its `Stats` was read, and the
+    /// `DropChannel`s they queued kept the client from being done when it was.
+    #[test]
+    fn a_channel_lost_once_everything_is_resolved_asks_for_nothing() {
+        let now = Instant::now();
+        let mut m = SenderMachine::new(cfg(), now);
+        m.push_entry(file("a", 30));
+        m.walk_done();
+        m.channel_opened(0);
+        drain(&mut m, now);
+        m.handle_message(now, Message::ManifestAck { through: 1 })
+            .unwrap();
+        works(&mut m);
+        m.block_sent(
+            0,
+            vec![SegRef {
+                id: 0,
+                offset: 0,
+                len: 30,
+            }],
+        )
+        .unwrap();
+        m.handle_message(now, Message::FileAck { ids: vec![0] })
+            .unwrap();
+        m.finish();
+        assert_eq!(drain(&mut m, now), vec![Message::Finish]);
+        m.channel_failed(0);
+        assert!(drain(&mut m, now).is_empty());
+        assert!(works(&mut m).is_empty());
+        m.handle_message(now, Message::Stats(Stats::default()))
+            .unwrap();
+        assert!(m.is_done());
     }
 
     #[test]
