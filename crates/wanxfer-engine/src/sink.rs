@@ -447,7 +447,7 @@ impl Sink {
                         && (m.mtime_sec, m.mtime_nsec) == (entry.mtime_sec, entry.mtime_nsec)
                 });
                 if compare && same {
-                    self.forget_partial(&dir, dest);
+                    self.forget_partial(&dir, dest)?;
                     // Opened (never through a symlink) only when there is a mode to fix:
                     // a re-run of a big tree is mostly this one stat per file.
                     if existing
@@ -534,32 +534,60 @@ impl Sink {
             None
         };
         let Some(mut temp) = reopened else {
-            self.forget_partial(dir, dest);
+            self.forget_partial(dir, dest)?;
             return Ok(None);
         };
         self.open_temp(&mut temp, entry.size, dest)?;
+        // The journal stops vouching for the held ranges until the sender has checked
+        // them: a range it refuses is written again, and should a crash keep some of the
+        // new bytes, a later run must not take them for the old ones. The file goes on
+        // under a new number whose ranges are only those accepted or written since, and
+        // that is durable before any byte of the temporary changes.
+        let renewed = journal.next_file();
+        let shown = self.show(dest);
+        journal
+            .append(&[
+                Record::Closed { file },
+                Record::Partial {
+                    file: renewed,
+                    dest: dest.as_bytes().to_vec(),
+                    size: partial.size,
+                    mtime_sec: partial.mtime_sec,
+                    mtime_nsec: partial.mtime_nsec,
+                    temp_name: partial.temp_name.clone(),
+                },
+            ])
+            .and_then(|()| journal.sync())
+            .map_err(|e| Error::Limit(format!("{shown}: cannot resume: {e}")))?;
         let state = SlotState {
             temp: Some(Arc::new(temp)),
-            journaled: Some(file),
+            journaled: Some(renewed),
             ..SlotState::default()
         };
         Ok(Some((state, partial.ranges.clone())))
     }
 
     /// Drops what an interrupted run left of `dest` (the file is in place, or its source
-    /// changed).
-    fn forget_partial(&self, dir: &std::os::fd::OwnedFd, dest: &RelPath) {
-        let Some(journal) = &self.journal else { return };
-        if let Some((file, partial)) = journal.replayed().find(dest.as_bytes()) {
-            if fs::is_temp_name(&partial.temp_name) {
-                let _ = rustix::fs::unlinkat(
-                    dir,
-                    std::ffi::OsStr::from_bytes(&partial.temp_name),
-                    rustix::fs::AtFlags::empty(),
-                );
-            }
-            let _ = journal.append(&[Record::Closed { file }]);
+    /// changed). Durably: a temporary of the same name may be written next, and a crash
+    /// must not leave the journal vouching for its new bytes with the old digests.
+    fn forget_partial(&self, dir: &std::os::fd::OwnedFd, dest: &RelPath) -> Result<(), Error> {
+        let Some(journal) = &self.journal else {
+            return Ok(());
+        };
+        let Some((file, partial)) = journal.replayed().find(dest.as_bytes()) else {
+            return Ok(());
+        };
+        journal
+            .append(&[Record::Closed { file }])
+            .and_then(|()| journal.sync())?;
+        if fs::is_temp_name(&partial.temp_name) {
+            let _ = rustix::fs::unlinkat(
+                dir,
+                std::ffi::OsStr::from_bytes(&partial.temp_name),
+                rustix::fs::AtFlags::empty(),
+            );
         }
+        Ok(())
     }
 
     /// The digests of a file in place, chunk by chunk at the session's block boundaries,
@@ -624,7 +652,10 @@ impl Sink {
                 self.open_files.fetch_sub(1, Ordering::Relaxed);
             }
             if let (Some(file), Some(journal)) = (state.journaled, &self.journal) {
-                let _ = journal.append(&[Record::Closed { file }]);
+                // Durable before a later run may write a temporary of the same name.
+                let _ = journal
+                    .append(&[Record::Closed { file }])
+                    .and_then(|()| journal.sync());
             }
         }
     }
@@ -663,10 +694,9 @@ impl Sink {
                 Error::protocol(&self.peer, format!("{}: {e}", self.show(&slot.dest)))
             })?;
         }
-        if state.in_place {
-            // Copied into the temporary: journal them as any other verified range.
-            state.unjournaled.extend_from_slice(ranges);
-        }
+        // Copied into the temporary, or held there from an earlier run (whose journal
+        // entry was closed until now): journal them as any other verified range.
+        state.unjournaled.extend_from_slice(ranges);
         self.maybe_complete(id, &slot, state)
     }
 

@@ -19,8 +19,9 @@
 //! - the engine's threads are events here, so races inside the engine (two writers on one
 //!   slot, a checkpoint holding a temporary) are not this test's to find;
 //! - the sink, committer and journal file are models written from the engine's source;
-//!   where the simulation showed the engine's sink to be wrong, the model does what it
-//!   should and `WANXFER_SIM_AS_ENGINE=1` does what it does (see `World::as_engine`);
+//!   where the simulation showed the engine's sink to be wrong, both were made to do
+//!   what they should, and `WANXFER_SIM_AS_ENGINE=1` models the sink as it was (see
+//!   `World::as_engine`);
 //! - a block is lost whole or delivered whole and intact: no damaged segments, no
 //!   duplicates, no channel that delivered a block its sender reported unsent;
 //! - every channel death is noticed by both ends; no half-open channel lingers;
@@ -34,8 +35,8 @@
 //! - `WANXFER_SIM_SEED=n`: run seed `n` alone and print its trace.
 //! - `WANXFER_SIM_SEEDS=n` (default 2000) and `WANXFER_SIM_FROM=m` (default 0): how many
 //!   seeds the main test runs and where it starts; a soak is a large `WANXFER_SIM_SEEDS`.
-//! - `WANXFER_SIM_AS_ENGINE=1`: model the engine's sink as it is (two known holes in its
-//!   journal handling; seeds 63588 and 118779 show them).
+//! - `WANXFER_SIM_AS_ENGINE=1`: model the engine's sink as it was before its two journal
+//!   fixes (seeds 63588 and 118779 show the holes).
 
 mod sim {
     pub mod content;

@@ -1676,8 +1676,8 @@ impl<'w> Session<'w> {
     /// crash can keep some of the new bytes, so a record still naming the old digest
     /// would match the source if it were put back to that version (seed 118779). The
     /// file goes on under a new number with no ranges, durably before anything can be
-    /// written to it; the accepted ranges are journaled again on `Accept`. The engine's
-    /// sink does not do this (see `World::as_engine`).
+    /// written to it; the accepted ranges are journaled again on `Accept`, as the
+    /// engine's `Sink::resume` does (see `World::as_engine` for the sink before it did).
     fn rejournal(&mut self, old: u32, e: &super::world::SrcEntry) -> u32 {
         self.w.append_closed(old, &e.path);
         let r = self.rcv.as_mut().expect("applying");

@@ -52,20 +52,23 @@ pub struct World {
     pub by_path: HashMap<String, usize>,
     pub disk: Disk,
     pub trace: bool,
-    /// Model the engine's sink as it is, not as the simulation found it must be
-    /// (`WANXFER_SIM_AS_ENGINE=1`). In two ways the engine's journal can vouch for bytes
-    /// that are not on disk, and the sender, finding the digests right, lets a file be
-    /// completed with them:
+    /// Model the engine's sink as it was before the simulation found two holes in it
+    /// (`WANXFER_SIM_AS_ENGINE=1`), to show what the model catches. In two ways that
+    /// journal could vouch for bytes that were not on disk, and the sender, finding the
+    /// digests right, let a file be completed with them:
     /// - a file's temporary is named after its destination alone, and the journal's
-    ///   `Closed` for an earlier temporary is not synced before the next one is created
+    ///   `Closed` for an earlier temporary was not synced before the next one was created
     ///   under that name: after a crash that kept a rename but not its `Closed`, and
-    ///   another once the new temporary exists, the old ranges are offered from the new
-    ///   file (seed 63588). The model syncs the journal before creating a temporary;
+    ///   another once the new temporary exists, the old ranges were offered from the new
+    ///   file (seed 63588). The model syncs the journal before creating a temporary; the
+    ///   engine makes every `Closed` for a temporary whose name may be used again durable
+    ///   first (`Sink::forget_partial`);
     /// - a resumed range the sender refuses (its source changed behind the same size and
-    ///   mtime) is written again while the journal still names the old digest; a crash
+    ///   mtime) was written again while the journal still named the old digest; a crash
     ///   that keeps some new bytes, and the source put back to the old version, and the
-    ///   old range is accepted over the new bytes (seed 118779). The model stops vouching
-    ///   for resumed ranges until the sender's verdict (`Session::rejournal`).
+    ///   old range was accepted over the new bytes (seed 118779). Both the model
+    ///   (`Session::rejournal`) and the engine (`Sink::resume`) stop vouching for resumed
+    ///   ranges until the sender's verdict.
     pub as_engine: bool,
     trace_log: Vec<String>,
     /// An invariant broken where it cannot be returned at once.
@@ -104,7 +107,8 @@ impl Summary {
 }
 
 /// Runs the transfer of seed `seed` to its end. `Err` says which invariant broke.
-/// `as_engine` models the engine's sink as it is (see [`World::as_engine`]).
+/// `as_engine` models the engine's sink as it was before its two journal fixes (see
+/// [`World::as_engine`]).
 pub fn run(seed: u64, trace: bool, as_engine: bool) -> Result<Summary, String> {
     let mut w = World::new(seed, trace);
     w.as_engine = as_engine;
