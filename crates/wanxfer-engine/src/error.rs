@@ -167,7 +167,10 @@ impl Error {
             },
             Error::Remote { class, .. } => *class,
             Error::Files { first, .. } => first.wire_class(),
-            Error::Network { .. } | Error::Cancelled | Error::Internal(_) => FailureClass::Internal,
+            // Stopped on purpose (a server draining, a user's Ctrl-C): the peer may try
+            // again later and resume, as it would with a busy server.
+            Error::Cancelled => FailureClass::Limit,
+            Error::Network { .. } | Error::Internal(_) => FailureClass::Internal,
         }
     }
 }

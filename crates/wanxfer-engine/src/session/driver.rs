@@ -444,7 +444,11 @@ impl Driver {
         self.setup.cancel.cancel();
         if !matches!(error, Error::Network { .. }) {
             let text = match error {
-                Error::Cancelled => "the transfer was interrupted on this side".to_string(),
+                Error::Cancelled => {
+                    "the transfer was stopped on this side (shutting down or interrupted); \
+                     it resumes when tried again"
+                        .to_string()
+                }
                 other => other.to_string(),
             };
             self.writer
