@@ -532,11 +532,11 @@ fn a_replayed_channel_join_is_refused_and_harms_nothing() {
 fn join_channel(site: &Site, auth: &Authenticated, accepted: &SessionAccepted) -> RawPeer {
     let mut data = RawPeer::connect(&site.server, ConnectionKind::Data);
     let proof = auth.channel_proof(
-                &accepted.session_id,
-                0,
-                &data.greeting.nonce,
-                &data.stream.binding(),
-            );
+        &accepted.session_id,
+        0,
+        &data.greeting.nonce,
+        &data.stream.binding(),
+    );
     data.send(&Message::ChannelJoin(ChannelJoin {
         session_id: accepted.session_id,
         index: 0,

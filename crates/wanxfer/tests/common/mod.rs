@@ -156,6 +156,11 @@ pub struct Run {
 }
 
 impl Run {
+    /// Runs `cmd` to completion.
+    pub fn from_cmd(mut cmd: Command) -> Run {
+        Run::from_output(cmd.output().expect("run wanxfer"))
+    }
+
     fn from_output(out: Output) -> Run {
         Run {
             code: out.status.code().unwrap_or(-1),
