@@ -169,7 +169,13 @@ impl PayloadVerifier {
 
     /// Also checks the block's tag under `key`, over `fixed` and `table` as they arrived
     /// (the caller has required the header to carry one).
-    pub fn with_mac(mut self, key: &BlockKey, header: &BlockHeader, fixed: &[u8], table: &[u8]) -> Self {
+    pub fn with_mac(
+        mut self,
+        key: &BlockKey,
+        header: &BlockHeader,
+        fixed: &[u8],
+        table: &[u8],
+    ) -> Self {
         let mut encoded = Vec::with_capacity(fixed.len() + table.len());
         encoded.extend_from_slice(fixed);
         encoded.extend_from_slice(table);

@@ -133,10 +133,18 @@ fn crypto_info(sequence: u64, secrets: &ConnectionTrafficSecrets) -> io::Result<
 }
 
 fn bad_secret() -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, "a secret of an unexpected length")
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        "a secret of an unexpected length",
+    )
 }
 
-fn setsockopt(tcp: &TcpStream, level: libc::c_int, name: libc::c_int, value: &[u8]) -> io::Result<()> {
+fn setsockopt(
+    tcp: &TcpStream,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &[u8],
+) -> io::Result<()> {
     // SAFETY: a valid socket descriptor, and a pointer and length that describe `value`,
     // which the kernel only reads during the call.
     let rc = unsafe {
@@ -167,8 +175,18 @@ pub fn enable(tcp: &TcpStream, conn: rustls::Connection) -> io::Result<()> {
     let secrets = conn
         .dangerous_extract_secrets()
         .map_err(|e| io::Error::other(format!("extracting the TLS secrets: {e}")))?;
-    setsockopt(tcp, SOL_TLS, TLS_TX, &crypto_info(secrets.tx.0, &secrets.tx.1)?)?;
-    setsockopt(tcp, SOL_TLS, TLS_RX, &crypto_info(secrets.rx.0, &secrets.rx.1)?)
+    setsockopt(
+        tcp,
+        SOL_TLS,
+        TLS_TX,
+        &crypto_info(secrets.tx.0, &secrets.tx.1)?,
+    )?;
+    setsockopt(
+        tcp,
+        SOL_TLS,
+        TLS_RX,
+        &crypto_info(secrets.rx.0, &secrets.rx.1)?,
+    )
 }
 
 /// Sends `close_notify` as an alert record through the kernel's TLS layer.
@@ -254,7 +272,10 @@ mod tests {
             Ok(()) => eprintln!("this kernel offers TLS"),
             Err(e) => {
                 assert!(
-                    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::EOPNOTSUPP)),
+                    matches!(
+                        e.raw_os_error(),
+                        Some(libc::ENOENT) | Some(libc::EOPNOTSUPP)
+                    ),
                     "{e}"
                 );
                 a.write_all(b"still plain").unwrap();

@@ -51,7 +51,9 @@ enum Layer {
     Tls(TlsLayer),
     /// The kernel seals and opens records (`TCP_ULP` `tls`); the socket carries plaintext
     /// as far as this process sees.
-    Kernel { suite: String },
+    Kernel {
+        suite: String,
+    },
 }
 
 struct TlsLayer {
@@ -230,7 +232,12 @@ impl Stream {
             return (self, None);
         };
         if let Err(e) = crate::ktls::attach_ulp(&self.tcp) {
-            return (self, Some(format!("kernel TLS unavailable ({e}): rustls seals records")));
+            return (
+                self,
+                Some(format!(
+                    "kernel TLS unavailable ({e}): rustls seals records"
+                )),
+            );
         }
         let Stream { tcp, layer } = self;
         let layer = match Arc::try_unwrap(layer) {
@@ -248,10 +255,7 @@ impl Stream {
             let read = lock(&layer.read);
             read.end - read.start
         };
-        let conn = layer
-            .conn
-            .into_inner()
-            .unwrap_or_else(|e| e.into_inner());
+        let conn = layer.conn.into_inner().unwrap_or_else(|e| e.into_inner());
         if pending > 0 || conn.wants_write() {
             // Cannot happen on a freshly joined sender; fail loudly rather than lose bytes.
             let _ = tcp.shutdown(Shutdown::Both);
@@ -272,7 +276,9 @@ impl Stream {
                 let _ = tcp.shutdown(Shutdown::Both);
                 (
                     Stream::plain(tcp),
-                    Some(format!("kernel TLS failed after the handshake ({e}); channel closed")),
+                    Some(format!(
+                        "kernel TLS failed after the handshake ({e}); channel closed"
+                    )),
                 )
             }
         }

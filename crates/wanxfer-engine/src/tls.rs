@@ -286,7 +286,8 @@ pub fn kernel_offers_tls() -> Result<(), String> {
             let addr = listener.local_addr().map_err(|e| e.to_string())?;
             let probe = TcpStream::connect(addr).map_err(|e| e.to_string())?;
             let _peer = listener.accept().map_err(|e| e.to_string())?;
-            crate::ktls::attach_ulp(&probe).map_err(|e| format!("setsockopt(TCP_ULP, \"tls\"): {e}"))
+            crate::ktls::attach_ulp(&probe)
+                .map_err(|e| format!("setsockopt(TCP_ULP, \"tls\"): {e}"))
         })
         .clone()
 }
@@ -308,7 +309,10 @@ pub enum Pin {
     Unknown,
     Same,
     /// Another fingerprint is pinned, on this line of the file.
-    Changed { pinned: String, line: usize },
+    Changed {
+        pinned: String,
+        line: usize,
+    },
 }
 
 impl KnownHosts {
@@ -617,8 +621,7 @@ pub fn accept(
     deadline: Deadline,
     peer: &str,
 ) -> Result<crate::stream::Stream, Error> {
-    let server =
-        rustls::ServerConnection::new(config.clone()).map_err(|e| tls_error(peer, e))?;
+    let server = rustls::ServerConnection::new(config.clone()).map_err(|e| tls_error(peer, e))?;
     let mut conn = rustls::Connection::Server(server);
     // Queued before the handshake: rustls sends it right after its Finished (0.5-RTT).
     conn.writer()
@@ -705,7 +708,10 @@ mod tests {
                 line: 2
             }
         );
-        let mode = std::fs::metadata(store.path()).unwrap().permissions().mode();
+        let mode = std::fs::metadata(store.path())
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
         assert!(store.pin("a b:1", "SHA256:aa").is_err());
     }

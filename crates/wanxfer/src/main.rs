@@ -160,11 +160,17 @@ fn serve(args: ServeArgs) -> Result<(), Error> {
     // when listening on port 0). It is not logged too, which would say it twice.
     println!("wanxfer serving {} on {addr}", root.display());
     let identity = server.identity();
-    let made = if identity.created { ", created now" } else { "" };
-    // On stdout too: the fingerprint is what an operator hands to clients to compare.
-    println!(
-        "certificate fingerprint {} ({}{made})",
-        identity.fingerprint, identity.origin
+    let made = if identity.created {
+        ", created now"
+    } else {
+        ""
+    };
+    // What an operator hands to clients to compare with what they pin. Logged, not on
+    // stdout, whose one line scripts read.
+    tracing::info!(
+        "TLS certificate fingerprint {} ({}{made})",
+        identity.fingerprint,
+        identity.origin
     );
     if args.allow_unencrypted {
         tracing::warn!(

@@ -5,8 +5,8 @@
 //! plugin serving FTS, a script) keeps a [`Client`] and checks [`Client::is_usable`]
 //! before reusing it, since the server closes a connection left idle.
 
-use std::io::ErrorKind;
 use crate::stream::Stream;
+use std::io::ErrorKind;
 use std::time::Duration;
 
 use wanxfer_proto::ops::{ChecksumAlgorithm, ListEntry, Meta, OpReply, OpRequest, RemoveMode};

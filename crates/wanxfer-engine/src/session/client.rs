@@ -19,11 +19,11 @@ use super::conn::{self, Deadline};
 use super::driver::{Driver, Event, Opener, Outcome, Setup};
 use super::state::StateDir;
 use super::{random, Params, Transport, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
+use crate::digest::BlockKey;
 use crate::fs::{Kind, Root};
 use crate::pool::Cancel;
 use crate::progress::{process_cpu, CpuMeter, CpuTime, IoUse, Progress};
 use crate::sink::{Placement, Sink, SinkLimits};
-use crate::digest::BlockKey;
 use crate::source::{Source, SYNTHETIC_NAME};
 use crate::stream::Stream;
 use crate::tls::{ClientSecurity, ClientTls, Trust};
@@ -659,15 +659,17 @@ fn handshake(cfg: &ClientConfig, request: OpenSession) -> Result<Agreed, Error> 
     }
     let tls = cfg.tls()?;
     let open = Message::OpenSession(request.clone());
-    let (mut stream, auth) = authenticate(cfg, tls.as_deref(), deadline, Some(&open), |greeting| {
-        if request.transport == TransportKind::Fabric && greeting.features & features::FABRIC == 0
-        {
-            return Err(Error::Usage(format!(
-                "{peer} does not offer the fabric transport (start it with --transport fabric)"
-            )));
-        }
-        Ok(())
-    })?;
+    let (mut stream, auth) =
+        authenticate(cfg, tls.as_deref(), deadline, Some(&open), |greeting| {
+            if request.transport == TransportKind::Fabric
+                && greeting.features & features::FABRIC == 0
+            {
+                return Err(Error::Usage(format!(
+                    "{peer} does not offer the fabric transport (start it with --transport fabric)"
+                )));
+            }
+            Ok(())
+        })?;
     let accepted = match conn::read_message_by(&mut stream, deadline, peer)? {
         Message::SessionAccepted(a) => a,
         Message::Error(e) => return Err(Error::remote(peer, &e)),

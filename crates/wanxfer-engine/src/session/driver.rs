@@ -19,8 +19,8 @@
 //! so that blocked threads wake, and every thread is joined before returning. A receiver
 //! then keeps its partial files for the next run (see `Sink::close`).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
 use crate::stream::Stream;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;

@@ -277,10 +277,8 @@ impl BlockTx for TcpChannel {
                 let mut slices = [IoSlice::new(&block.header), IoSlice::new(block.payload())];
                 write_all_vectored(self.stream.tcp(), &mut slices)
             }
-            Some(range) => {
-                send_from_file(self.stream.tcp(), &block.header, range, block.payload())
-                    .map(|refused| self.note_fallback(refused))
-            }
+            Some(range) => send_from_file(self.stream.tcp(), &block.header, range, block.payload())
+                .map(|refused| self.note_fallback(refused)),
         };
         sent.map_err(|e| self.net("sending to", e))
     }
