@@ -525,7 +525,8 @@ impl ClientTls {
     }
 
     /// Pins the certificate seen on first use; called once the server has proved it
-    /// knows the shared secret. Says so on stderr, as SSH does.
+    /// knows the shared secret. Logged at info level: a warning would land in the middle
+    /// of the progress bar on every first contact.
     pub fn pin_if_new(&self, server: &str) -> Result<(), Error> {
         let (Some(store), seen) = (
             &self.known_hosts,
@@ -536,7 +537,7 @@ impl ClientTls {
         if let (true, Some(fp)) = (seen.first_use, &seen.fingerprint) {
             if store.check(server, fp)? == Pin::Unknown {
                 store.pin(server, fp)?;
-                tracing::warn!(
+                tracing::info!(
                     "pinned {server}'s certificate {fp} on first use (in {})",
                     store.path().display()
                 );
