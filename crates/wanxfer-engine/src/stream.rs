@@ -48,7 +48,7 @@ pub struct Stream {
 #[derive(Debug)]
 enum Layer {
     Plain(MacLayer),
-    Tls(TlsLayer),
+    Tls(Box<TlsLayer>),
     /// The kernel seals and opens records (`TCP_ULP` `tls`); the socket carries plaintext
     /// as far as this process sees.
     Kernel {
@@ -99,7 +99,7 @@ impl Stream {
         conn.export_keying_material(&mut binding, BINDING_EXPORTER_LABEL, None)?;
         Ok(Stream {
             tcp,
-            layer: Arc::new(Layer::Tls(TlsLayer {
+            layer: Arc::new(Layer::Tls(Box::new(TlsLayer {
                 conn: Mutex::new(conn),
                 read: Mutex::new(ReadBuf {
                     buf: vec![0; TLS_IO_BYTES],
@@ -109,7 +109,7 @@ impl Stream {
                 write: Mutex::new(Vec::new()),
                 suite,
                 binding,
-            })),
+            }))),
         })
     }
 
@@ -241,7 +241,7 @@ impl Stream {
         }
         let Stream { tcp, layer } = self;
         let layer = match Arc::try_unwrap(layer) {
-            Ok(Layer::Tls(t)) => t,
+            Ok(Layer::Tls(t)) => *t,
             Ok(_) => unreachable!("checked above"),
             Err(layer) => {
                 return (

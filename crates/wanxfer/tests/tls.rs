@@ -24,11 +24,13 @@ struct Flip {
     offset: u64,
 }
 
+/// Per connection: (client to server, server to client).
+type Captured = Arc<Mutex<Vec<(Vec<u8>, Vec<u8>)>>>;
+
 /// A forwarding proxy on loopback, recording both directions of every connection.
 struct Proxy {
     addr: String,
-    /// Per connection: (client to server, server to client).
-    captured: Arc<Mutex<Vec<(Vec<u8>, Vec<u8>)>>>,
+    captured: Captured,
     flipped: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
 }
@@ -112,7 +114,7 @@ impl Drop for Proxy {
 fn pump(
     from: &TcpStream,
     to: &TcpStream,
-    captured: Arc<Mutex<Vec<(Vec<u8>, Vec<u8>)>>>,
+    captured: Captured,
     slot: usize,
     upstream: bool,
     flip_at: Option<u64>,
