@@ -18,6 +18,7 @@ pub mod commit;
 pub mod digest;
 mod error;
 pub mod fs;
+mod ktls;
 pub mod ops;
 pub mod pool;
 pub mod progress;
@@ -25,6 +26,8 @@ pub mod secret;
 pub mod session;
 pub mod sink;
 pub mod source;
+pub mod stream;
+pub mod tls;
 pub mod transport;
 
 pub use error::{Error, ErrorClass};

@@ -450,6 +450,8 @@ pub struct ReaderConfig {
     /// Every segment carries the digest of its bytes.
     pub file_digest: bool,
     pub io: IoMode,
+    /// A session without encryption: every block is tagged under this key.
+    pub block_key: Option<crate::digest::BlockKey>,
 }
 
 /// How the sending side moves file bytes into the socket.
@@ -532,6 +534,8 @@ pub type ReaderReport = Arc<dyn Fn(ReaderEvent) + Send + Sync>;
 pub struct ReaderShared {
     sequence: AtomicU64,
     zero_checks: std::sync::Mutex<Vec<(usize, Checks)>>,
+    /// The keyed hashes of blocks of zeros, per length (sessions without encryption).
+    zero_hashes: std::sync::Mutex<Vec<(usize, [u8; 32])>>,
 }
 
 /// One reader thread: executes jobs until the job queue closes.
@@ -627,7 +631,11 @@ impl Reader {
         let zero_copy = self.cfg.io == IoMode::Sendfile && opened.file.is_some();
         let zeros = matches!(job.content, Content::Zeros);
         // With nothing to check, a zero-copy block never passes through user space.
-        let must_read = !zeros && (!zero_copy || self.cfg.block_crc || self.cfg.file_digest);
+        let must_read = !zeros
+            && (!zero_copy
+                || self.cfg.block_crc
+                || self.cfg.file_digest
+                || self.cfg.block_key.is_some());
         let block_size = self.pool.block_size() as u64;
         let mut pieces = wanxfer_session::chunks(ranges, block_size).peekable();
         while let Some((offset, len)) = pieces.next() {
@@ -679,7 +687,7 @@ impl Reader {
                 flags: if last { Segment::FLAG_LAST } else { 0 },
                 digest: checks.digest,
             });
-            self.finish_and_send(block, checks.crc)?;
+            self.finish_and_send(block, checks.crc, zeros)?;
         }
         Ok(())
     }
@@ -727,7 +735,7 @@ impl Reader {
         if block.segments.is_empty() {
             return Ok(());
         }
-        self.finish_and_send(block, crc)
+        self.finish_and_send(block, crc, false)
     }
 
     /// Checks what the receiver holds of a file against the source: each held range is
@@ -765,18 +773,53 @@ impl Reader {
 
     /// Encodes the header (with `payload_crc`, if the block carries one) and queues the
     /// block for a channel.
-    fn finish_and_send(&self, mut block: Block, payload_crc: Option<u32>) -> Result<(), Error> {
+    fn finish_and_send(
+        &self,
+        mut block: Block,
+        payload_crc: Option<u32>,
+        zeros: bool,
+    ) -> Result<(), Error> {
+        let mut flags = check_flags(payload_crc.is_some(), self.cfg.file_digest);
+        if self.cfg.block_key.is_some() {
+            flags |= BlockHeader::FLAG_MAC;
+        }
         let header = BlockHeader {
-            flags: check_flags(payload_crc.is_some(), self.cfg.file_digest),
+            flags,
             segment_count: block.segments.len() as u16,
             payload_len: block.len as u32,
             payload_crc: payload_crc.unwrap_or(0),
             session_tag: self.cfg.session_tag,
             sequence: self.shared.sequence.fetch_add(1, Ordering::Relaxed),
+            mac: [0; 12],
         };
         let buf: &mut crate::pool::BlockBuf = &mut block;
         header.encode(&buf.segments, &mut buf.header);
+        if let Some(key) = &self.cfg.block_key {
+            // One more pass over the payload, in this reader's thread; the synthetic
+            // source's zeros hash the same every time.
+            let hash = if zeros {
+                self.zero_payload_hash(key, buf.len)
+            } else {
+                key.payload_hash(buf.payload())
+            };
+            key.seal(&mut buf.header, &hash);
+        }
         self.blocks.send(block).map_err(|_| Error::Cancelled)
+    }
+
+    /// The keyed hash of `len` zero bytes, computed once per length.
+    fn zero_payload_hash(&self, key: &crate::digest::BlockKey, len: usize) -> [u8; 32] {
+        let mut cache = self
+            .shared
+            .zero_hashes
+            .lock()
+            .expect("no panics while held");
+        if let Some(&(_, hash)) = cache.iter().find(|(l, _)| *l == len) {
+            return hash;
+        }
+        let hash = key.payload_hash(&vec![0u8; len]);
+        cache.push((len, hash));
+        hash
     }
 
     /// The checks of `len` zero bytes, computed once per length: the synthetic source must

@@ -38,11 +38,11 @@ fn joined_pair(proof: [u8; 32]) -> (Joined, Joined) {
     };
     (
         Joined {
-            stream: client,
+            stream: wanxfer_engine::stream::Stream::plain(client),
             join,
         },
         Joined {
-            stream: server,
+            stream: wanxfer_engine::stream::Stream::plain(server),
             join,
         },
     )
@@ -79,6 +79,7 @@ fn block_bytes(pool: &Pool, seq: u64) -> wanxfer_engine::pool::Block {
         payload_crc: 0,
         session_tag: TAG,
         sequence: seq,
+        mac: [0; 12],
     };
     let mut encoded = Vec::new();
     header.encode(&[segment], &mut encoded);

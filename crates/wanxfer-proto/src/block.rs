@@ -17,6 +17,14 @@
 //! offset) is covered by the header CRC. A session
 //! without digests can carry a CRC-32C of the whole payload instead
 //! ([`BlockHeader::FLAG_PAYLOAD_CRC`]).
+//!
+//! None of that resists someone who can change bytes on the path: a CRC or an XXH3 can be
+//! recomputed over altered data. On a TLS channel the record layer's AEAD does that job. A
+//! session that runs without encryption sets [`BlockHeader::FLAG_MAC`] instead, and the
+//! header's last 12 bytes before its CRC carry a tag computed under a key only the two
+//! sides hold, over the header and table (tag and CRC zeroed, see
+//! [`BlockHeader::mac_input`]) and a keyed hash of the payload. This crate only carries the
+//! tag; the keyed hash is the engine's.
 
 use crate::codec::{Decoder, Encoder};
 use crate::DecodeError;
@@ -41,6 +49,8 @@ pub struct BlockHeader {
     pub session_tag: u64,
     /// Sender-assigned block number, unique within a session.
     pub sequence: u64,
+    /// With [`BlockHeader::FLAG_MAC`]: the block's authentication tag (zero without).
+    pub mac: [u8; 12],
 }
 
 /// A byte range of one file within a block's payload.
@@ -104,7 +114,11 @@ impl BlockHeader {
     pub const FLAG_PAYLOAD_CRC: u8 = 1;
     /// Every segment's `digest` is the XXH3-128 of that segment's bytes.
     pub const FLAG_SEGMENT_DIGESTS: u8 = 2;
-    const KNOWN_FLAGS: u8 = Self::FLAG_PAYLOAD_CRC | Self::FLAG_SEGMENT_DIGESTS;
+    /// `mac` authenticates header, table and payload under a session key.
+    pub const FLAG_MAC: u8 = 4;
+    const KNOWN_FLAGS: u8 = Self::FLAG_PAYLOAD_CRC | Self::FLAG_SEGMENT_DIGESTS | Self::FLAG_MAC;
+    /// Where the tag sits in the encoded header.
+    const MAC_AT: std::ops::Range<usize> = 32..44;
 
     /// Bytes of the header plus its segment table.
     pub const fn encoded_len(segment_count: usize) -> usize {
@@ -128,7 +142,7 @@ impl BlockHeader {
         e.u32(self.payload_crc);
         e.u64(self.session_tag);
         e.u64(self.sequence);
-        e.raw(&[0u8; 12]);
+        e.raw(&self.mac);
         e.u32(0); // header CRC, filled below
         for s in segments {
             s.encode(&mut e);
@@ -165,8 +179,9 @@ impl BlockHeader {
             payload_crc: d.u32()?,
             session_tag: d.u64()?,
             sequence: d.u64()?,
+            mac: d.array()?,
         };
-        if d.array::<12>()? != [0; 12] {
+        if flags & Self::FLAG_MAC == 0 && header.mac != [0; 12] {
             return Err(DecodeError::Invalid(
                 "reserved block header bytes are not zero",
             ));
@@ -219,6 +234,28 @@ impl BlockHeader {
             ));
         }
         Ok(())
+    }
+
+    pub fn has_mac(&self) -> bool {
+        self.flags & Self::FLAG_MAC != 0
+    }
+
+    /// The fixed part of an encoded header as a MAC covers it: tag and CRC zeroed (the
+    /// segment table that follows is covered as it is).
+    pub fn mac_input(fixed: &[u8]) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        out.copy_from_slice(&fixed[..Self::LEN]);
+        out[Self::MAC_AT].fill(0);
+        out[44..48].fill(0);
+        out
+    }
+
+    /// Writes `tag` into an encoded header (with its table) and its CRC again.
+    pub fn seal_mac(encoded: &mut [u8], tag: [u8; 12]) {
+        encoded[Self::MAC_AT].copy_from_slice(&tag);
+        encoded[44..48].fill(0);
+        let crc = header_crc(encoded);
+        encoded[44..48].copy_from_slice(&crc.to_le_bytes());
     }
 
     pub fn has_payload_crc(&self) -> bool {
@@ -308,6 +345,7 @@ mod tests {
             payload_crc: crc32c::crc32c(&[1; 16]),
             session_tag: 77,
             sequence: 5,
+            mac: [0; 12],
         };
         (h, segs)
     }
@@ -345,7 +383,7 @@ mod tests {
         h.encode(&segs, &mut buf);
         let (back, _) = decode_all(&buf).unwrap();
         assert!(back.has_segment_digests() && !back.has_payload_crc());
-        h.flags = 4;
+        h.flags = 8;
         h.encode(&segs, &mut buf);
         assert!(matches!(
             decode_all(&buf),
@@ -354,6 +392,26 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// A tag rides only with `FLAG_MAC`, sealing it keeps the header CRC valid, and the
+    /// MAC's input is the header with tag and CRC zeroed whatever they held.
+    #[test]
+    fn a_mac_tag_needs_its_flag_and_seals_with_a_valid_crc() {
+        let (mut h, segs) = sample();
+        h.mac = [1; 12];
+        let mut buf = Vec::new();
+        h.encode(&segs, &mut buf);
+        assert!(decode_all(&buf).is_err(), "a tag without the flag");
+        h.flags |= BlockHeader::FLAG_MAC;
+        h.mac = [0; 12];
+        h.encode(&segs, &mut buf);
+        let before = BlockHeader::mac_input(&buf);
+        BlockHeader::seal_mac(&mut buf, [7; 12]);
+        let (back, _) = decode_all(&buf).unwrap();
+        assert!(back.has_mac());
+        assert_eq!(back.mac, [7; 12]);
+        assert_eq!(BlockHeader::mac_input(&buf), before);
     }
 
     #[test]

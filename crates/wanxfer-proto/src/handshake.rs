@@ -1,23 +1,34 @@
-//! Mutual authentication with a shared secret, as two state machines.
+//! Mutual authentication with a shared secret, as two state machines, and the keys a
+//! session derives from it.
 //!
 //! The secret never crosses the wire. The server greets every connection first with a
 //! [`Hello`] carrying a nonce fresh for that connection, before it has read a byte, so
 //! neither side waits on the other to start. On a control connection the client answers
-//! with its own `Hello` and an HMAC over both nonces; the server checks it and proves
-//! itself back, so a client cannot be fooled by an impostor server either. Both then
-//! share a session key derived from the secret and both nonces.
+//! with its own `Hello` and an HMAC over both nonces, both sides' feature bits and the
+//! connection's *binding*; the server checks it and proves itself back, so a client cannot
+//! be fooled by an impostor server either. Both then share a session key derived from the
+//! secret, both nonces and the binding.
+//!
+//! The binding is what ties the proofs to one TLS connection: its keying-material exporter
+//! (RFC 8446 section 7.5), which differs on the two halves of a connection that a
+//! man in the middle terminated, even one holding a certificate the client accepted. A
+//! session without encryption binds to nothing (all zeros) and relies on the nonces alone.
 //!
 //! A data channel proves it belongs to a session with an HMAC under that key over the
-//! session id, its channel index and the nonce the server sent *on that data connection*.
-//! A join captured on the path is therefore worthless on any other connection: replayed
-//! ahead of the real one or after it, it fails on the replayer's connection and leaves
-//! the real one alone. Confidentiality is TLS's job (a later feature bit); this handshake
-//! only decides who may make the server touch its disk.
+//! session id, its channel index, the nonce the server sent *on that data connection* and
+//! that connection's own binding. A join captured on the path is therefore worthless on
+//! any other connection: replayed ahead of the real one or after it, it fails on the
+//! replayer's connection and leaves the real one alone.
+//!
+//! [`Authenticated`] also derives the keys that authenticate a session that runs without
+//! encryption (`--no-encryption`): one per direction for control frames, one per sending
+//! side for blocks. They come from the session key through HMAC with distinct labels, so
+//! none of them says anything about another or about the secret.
 //!
 //! Order on a control connection: server `Hello` and client `Hello` (both at once), client
 //! `AuthProof`, server `AuthOk` (or `Error` with [`FailureClass::Auth`]). The caller
-//! supplies nonces, so tests are deterministic; in production they come from the OS random
-//! source.
+//! supplies nonces and the binding, so tests are deterministic; in production nonces come
+//! from the OS random source.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -27,10 +38,38 @@ use crate::{features, ErrorMsg, FailureClass, Hello, Message, PROTOCOL_VERSION};
 
 type HmacSha256 = Hmac<Sha256>;
 
-const CLIENT_LABEL: &[u8] = b"wanxfer/5 client proof";
-const SERVER_LABEL: &[u8] = b"wanxfer/5 server proof";
-const SESSION_KEY_LABEL: &[u8] = b"wanxfer/5 session key";
-const CHANNEL_LABEL: &[u8] = b"wanxfer/5 channel proof";
+const CLIENT_LABEL: &[u8] = b"wanxfer/6 client proof";
+const SERVER_LABEL: &[u8] = b"wanxfer/6 server proof";
+const SESSION_KEY_LABEL: &[u8] = b"wanxfer/6 session key";
+const CHANNEL_LABEL: &[u8] = b"wanxfer/6 channel proof";
+const CONTROL_KEY_LABEL: &[u8] = b"wanxfer/6 control frames from the";
+const BLOCK_KEY_LABEL: &[u8] = b"wanxfer/6 blocks from the";
+
+/// What ties a handshake to the connection it runs on: a TLS connection's exporter
+/// output, or [`NO_BINDING`] on a connection without encryption.
+pub type Binding = [u8; 32];
+
+/// The binding of a connection without TLS.
+pub const NO_BINDING: Binding = [0; 32];
+
+/// The label under which both sides export a TLS connection's binding.
+pub const BINDING_EXPORTER_LABEL: &[u8] = b"EXPORTER-wanxfer/6 connection binding";
+
+/// Which side of a session sends: control keys and block keys come one per side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Client,
+    Server,
+}
+
+impl Side {
+    fn label(self) -> &'static [u8] {
+        match self {
+            Side::Client => b" client",
+            Side::Server => b" server",
+        }
+    }
+}
 
 /// Why a handshake did not complete.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -77,9 +116,18 @@ impl std::fmt::Debug for Authenticated {
 }
 
 impl Authenticated {
-    fn new(secret: &[u8], client_nonce: &[u8; 32], server_nonce: &[u8; 32]) -> Self {
+    fn new(
+        secret: &[u8],
+        client_nonce: &[u8; 32],
+        server_nonce: &[u8; 32],
+        binding: &Binding,
+    ) -> Self {
         Authenticated {
-            session_key: mac(secret, SESSION_KEY_LABEL, &[client_nonce, server_nonce]),
+            session_key: mac(
+                secret,
+                SESSION_KEY_LABEL,
+                &[client_nonce, server_nonce, binding],
+            ),
             features: 0,
             peer_features: 0,
         }
@@ -91,17 +139,19 @@ impl Authenticated {
     }
 
     /// The proof a data channel presents to join `session_id` as channel `index` on the
-    /// connection whose server greeting carried `join_nonce`.
+    /// connection whose server greeting carried `join_nonce` and whose own binding (its
+    /// TLS exporter, not the control connection's) is `binding`.
     pub fn channel_proof(
         &self,
         session_id: &[u8; 16],
         index: u16,
         join_nonce: &[u8; 32],
+        binding: &Binding,
     ) -> [u8; 32] {
         mac(
             &self.session_key,
             CHANNEL_LABEL,
-            &[session_id, &index.to_le_bytes(), join_nonce],
+            &[session_id, &index.to_le_bytes(), join_nonce, binding],
         )
     }
 
@@ -111,12 +161,48 @@ impl Authenticated {
         session_id: &[u8; 16],
         index: u16,
         join_nonce: &[u8; 32],
+        binding: &Binding,
         proof: &[u8; 32],
     ) -> bool {
-        self.channel_proof(session_id, index, join_nonce)
+        self.channel_proof(session_id, index, join_nonce, binding)
             .ct_eq(proof)
             .into()
     }
+
+    /// The key that authenticates control frames `from` one side, in a session without
+    /// encryption.
+    pub fn control_key(&self, from: Side) -> [u8; 32] {
+        mac(&self.session_key, CONTROL_KEY_LABEL, &[from.label()])
+    }
+
+    /// The key that authenticates the blocks `from` one side sends, in a session without
+    /// encryption.
+    pub fn block_key(&self, from: Side) -> [u8; 32] {
+        mac(&self.session_key, BLOCK_KEY_LABEL, &[from.label()])
+    }
+}
+
+/// The proof one side gives: both nonces, both sides' features (so that nobody on the
+/// path can strip one unnoticed) and the connection's binding.
+fn proof(
+    secret: &[u8],
+    label: &[u8],
+    client: &Hello,
+    server_nonce: &[u8; 32],
+    server_features: u64,
+    binding: &Binding,
+) -> [u8; 32] {
+    mac(
+        secret,
+        label,
+        &[
+            &client.nonce,
+            server_nonce,
+            &client.features.to_le_bytes(),
+            &server_features.to_le_bytes(),
+            binding,
+        ],
+    )
 }
 
 fn mac(key: &[u8], label: &[u8], parts: &[&[u8]]) -> [u8; 32] {
@@ -154,11 +240,23 @@ fn check_version(h: &Hello) -> Result<(), HandshakeError> {
     Ok(())
 }
 
+fn proof_expected(secret: &[u8], client: &Hello, server: &Hello, binding: &Binding) -> [u8; 32] {
+    proof(
+        secret,
+        SERVER_LABEL,
+        client,
+        &server.nonce,
+        server.features,
+        binding,
+    )
+}
+
 /// The client side of a control connection.
 pub struct ClientHandshake {
     secret: Vec<u8>,
     client_nonce: [u8; 32],
     features: u64,
+    binding: Binding,
     state: ClientState,
 }
 
@@ -174,8 +272,15 @@ impl ClientHandshake {
             secret: secret.to_vec(),
             client_nonce,
             features,
+            binding: NO_BINDING,
             state: ClientState::AwaitHello,
         }
+    }
+
+    /// Binds the proofs to the connection (its TLS exporter output).
+    pub fn with_binding(mut self, binding: Binding) -> Self {
+        self.binding = binding;
+        self
     }
 
     /// The first message to send, at once: it does not depend on the server's greeting.
@@ -183,16 +288,38 @@ impl ClientHandshake {
         hello(self.client_nonce, self.features)
     }
 
+    /// Once the proof is sent: what both sides will share if the server proves itself
+    /// too. A session without encryption needs its keys to authenticate the request it
+    /// sends with the proof, before the server's answer arrives.
+    pub fn pending(&self) -> Option<&Authenticated> {
+        match &self.state {
+            ClientState::AwaitOk(auth, _) => Some(auth),
+            _ => None,
+        }
+    }
+
     pub fn handle(&mut self, msg: Message) -> Result<Step, HandshakeError> {
         match (&self.state, msg) {
             (_, Message::Error(e)) => Err(refused(&e)),
             (ClientState::AwaitHello, Message::Hello(h)) => {
                 check_version(&h)?;
-                let mut auth = Authenticated::new(&self.secret, &self.client_nonce, &h.nonce);
+                let mut auth =
+                    Authenticated::new(&self.secret, &self.client_nonce, &h.nonce, &self.binding);
                 auth.features = self.features;
                 auth.peer_features = h.features;
-                let proof = mac(&self.secret, CLIENT_LABEL, &[&self.client_nonce, &h.nonce]);
-                let expected = mac(&self.secret, SERVER_LABEL, &[&self.client_nonce, &h.nonce]);
+                let ours = self.hello();
+                let Message::Hello(ours) = ours else {
+                    unreachable!("hello() makes a Hello")
+                };
+                let proof = proof(
+                    &self.secret,
+                    CLIENT_LABEL,
+                    &ours,
+                    &h.nonce,
+                    h.features,
+                    &self.binding,
+                );
+                let expected = proof_expected(&self.secret, &ours, &h, &self.binding);
                 self.state = ClientState::AwaitOk(auth, expected);
                 Ok(Step::Send(Message::AuthProof { mac: proof }))
             }
@@ -214,6 +341,7 @@ pub struct ServerHandshake {
     secret: Vec<u8>,
     server_nonce: [u8; 32],
     features: u64,
+    binding: Binding,
     state: ServerState,
 }
 
@@ -229,8 +357,15 @@ impl ServerHandshake {
             secret: secret.to_vec(),
             server_nonce,
             features,
+            binding: NO_BINDING,
             state: ServerState::AwaitHello,
         }
+    }
+
+    /// Binds the proofs to the connection (its TLS exporter output). Can be set once the
+    /// TLS handshake completes, after the greeting went out but before the proof is read.
+    pub fn set_binding(&mut self, binding: Binding) {
+        self.binding = binding;
     }
 
     /// The greeting, sent as soon as the connection is accepted.
@@ -247,16 +382,27 @@ impl ServerHandshake {
                 self.state = ServerState::AwaitProof(h);
                 Ok(Step::Wait)
             }
-            (ServerState::AwaitProof(h), Message::AuthProof { mac: proof }) => {
-                let expected = mac(&self.secret, CLIENT_LABEL, &[&h.nonce, &self.server_nonce]);
-                if !bool::from(expected.ct_eq(&proof)) {
+            (ServerState::AwaitProof(h), Message::AuthProof { mac: given }) => {
+                let expected = proof(
+                    &self.secret,
+                    CLIENT_LABEL,
+                    h,
+                    &self.server_nonce,
+                    self.features,
+                    &self.binding,
+                );
+                if !bool::from(expected.ct_eq(&given)) {
                     return Err(HandshakeError::BadProof);
                 }
-                let mut auth = Authenticated::new(&self.secret, &h.nonce, &self.server_nonce);
+                let mut auth =
+                    Authenticated::new(&self.secret, &h.nonce, &self.server_nonce, &self.binding);
                 auth.features = self.features;
                 auth.peer_features = h.features;
+                let Message::Hello(ours) = self.hello() else {
+                    unreachable!("hello() makes a Hello")
+                };
                 let ok = Message::AuthOk {
-                    mac: mac(&self.secret, SERVER_LABEL, &[&h.nonce, &self.server_nonce]),
+                    mac: proof_expected(&self.secret, h, &ours, &self.binding),
                 };
                 self.state = ServerState::Done;
                 Ok(Step::SendAndDone(ok, auth))
@@ -283,8 +429,21 @@ mod tests {
         client_secret: &[u8],
         server_secret: &[u8],
     ) -> Result<(Authenticated, Authenticated), HandshakeError> {
-        let mut c = ClientHandshake::new(client_secret, [1; 32], features::SUPPORTED);
+        run_bound(client_secret, server_secret, NO_BINDING, NO_BINDING)
+    }
+
+    /// A control handshake where each side sees its own binding (equal on one TLS
+    /// connection, different on the two halves of one a man in the middle terminated).
+    fn run_bound(
+        client_secret: &[u8],
+        server_secret: &[u8],
+        client_binding: Binding,
+        server_binding: Binding,
+    ) -> Result<(Authenticated, Authenticated), HandshakeError> {
+        let mut c = ClientHandshake::new(client_secret, [1; 32], features::SUPPORTED)
+            .with_binding(client_binding);
         let mut s = ServerHandshake::new(server_secret, [2; 32], features::COMPARE);
+        s.set_binding(server_binding);
         let Step::Send(proof) = c.handle(s.hello())? else {
             panic!("client sends proof")
         };
@@ -323,18 +482,23 @@ mod tests {
     #[test]
     fn a_channel_proof_is_bound_to_its_connection_session_and_index() {
         let (client, server) = run(b"s3cret", b"s3cret").unwrap();
-        let proof = client.channel_proof(&[5; 16], 3, &[9; 32]);
-        assert!(server.verify_channel(&[5; 16], 3, &[9; 32], &proof));
+        let b = [4; 32];
+        let proof = client.channel_proof(&[5; 16], 3, &[9; 32], &b);
+        assert!(server.verify_channel(&[5; 16], 3, &[9; 32], &b, &proof));
         assert!(
-            !server.verify_channel(&[5; 16], 3, &[8; 32], &proof),
+            !server.verify_channel(&[5; 16], 3, &[8; 32], &b, &proof),
             "another connection"
         );
         assert!(
-            !server.verify_channel(&[5; 16], 4, &[9; 32], &proof),
+            !server.verify_channel(&[5; 16], 3, &[9; 32], &[3; 32], &proof),
+            "another TLS connection with the same greeting"
+        );
+        assert!(
+            !server.verify_channel(&[5; 16], 4, &[9; 32], &b, &proof),
             "another index"
         );
         assert!(
-            !server.verify_channel(&[6; 16], 3, &[9; 32], &proof),
+            !server.verify_channel(&[6; 16], 3, &[9; 32], &b, &proof),
             "another session"
         );
         // Another control handshake with the same secret derives another key.
@@ -349,8 +513,65 @@ mod tests {
             };
             (auth.clone(), ())
         };
-        let stolen = other.channel_proof(&[5; 16], 3, &[9; 32]);
-        assert!(!server.verify_channel(&[5; 16], 3, &[9; 32], &stolen));
+        let stolen = other.channel_proof(&[5; 16], 3, &[9; 32], &b);
+        assert!(!server.verify_channel(&[5; 16], 3, &[9; 32], &b, &stolen));
+    }
+
+    /// A man in the middle who terminates TLS towards each side (say, with a certificate
+    /// the client accepted on first use) sees two connections with two bindings: even
+    /// relaying every message unchanged, the proofs fail.
+    #[test]
+    fn proofs_bound_to_different_connections_fail() {
+        assert!(run_bound(b"s3cret", b"s3cret", [1; 32], [1; 32]).is_ok());
+        assert_eq!(
+            run_bound(b"s3cret", b"s3cret", [1; 32], [2; 32]).unwrap_err(),
+            HandshakeError::BadProof
+        );
+        let (plain, _) = run(b"s3cret", b"s3cret").unwrap();
+        let (bound, _) = run_bound(b"s3cret", b"s3cret", [1; 32], [1; 32]).unwrap();
+        assert_ne!(plain.session_key, bound.session_key);
+    }
+
+    /// Feature bits are covered by the proofs: stripping one on the path (to turn off a
+    /// check) fails the handshake instead of weakening the session.
+    #[test]
+    fn a_feature_bit_changed_on_the_path_fails_the_proof() {
+        let mut c = ClientHandshake::new(b"s3cret", [1; 32], features::SUPPORTED);
+        let mut s = ServerHandshake::new(b"s3cret", [2; 32], features::SUPPORTED);
+        let Message::Hello(mut tampered) = c.hello() else {
+            unreachable!()
+        };
+        tampered.features &= !features::COMPARE;
+        let Step::Send(proof) = c.handle(s.hello()).unwrap() else {
+            panic!()
+        };
+        s.handle(Message::Hello(tampered)).unwrap();
+        assert_eq!(s.handle(proof), Err(HandshakeError::BadProof));
+    }
+
+    /// Both sides derive the same keys, distinct per purpose and direction, and distinct
+    /// from one session to the next.
+    #[test]
+    fn derived_keys_agree_and_are_distinct() {
+        let (client, server) = run(b"s3cret", b"s3cret").unwrap();
+        let keys = [
+            client.control_key(Side::Client),
+            client.control_key(Side::Server),
+            client.block_key(Side::Client),
+            client.block_key(Side::Server),
+        ];
+        assert_eq!(keys[0], server.control_key(Side::Client));
+        assert_eq!(keys[1], server.control_key(Side::Server));
+        assert_eq!(keys[2], server.block_key(Side::Client));
+        assert_eq!(keys[3], server.block_key(Side::Server));
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b);
+            }
+            assert_ne!(a, &client.session_key);
+        }
+        let (other, _) = run_bound(b"s3cret", b"s3cret", [8; 32], [8; 32]).unwrap();
+        assert_ne!(other.block_key(Side::Client), keys[2]);
     }
 
     #[test]

@@ -38,8 +38,10 @@ pub use path::{check_name, Escaped, PathError, RelPath, MAX_NAME_BYTES, MAX_PATH
 /// The protocol version this build speaks. Bump it when a frame's meaning changes; new
 /// optional behaviour is negotiated with [`features`] bits instead. Version 5 is session
 /// protocol 2: the server greets first, channel joins are bound to their connection, and
-/// transfers resume, compare and fail over.
-pub const PROTOCOL_VERSION: u16 = 5;
+/// transfers resume, compare and fail over. Version 6 runs every connection in TLS 1.3
+/// (or, only on request, without encryption but with every control frame and block
+/// authenticated), with proofs bound to the TLS connection's exporter.
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// The port a server listens on unless told otherwise, and the one a `wanxfer://HOST/`
 /// URL without a port reaches.
@@ -55,7 +57,9 @@ pub mod features {
     /// Segments carry the 128-bit XXH3 digest of their bytes (whole files' digests before
     /// protocol version 4).
     pub const FILE_XXH3_128: u64 = 1 << 1;
-    /// Reserved: TLS 1.3 on every connection (later).
+    /// Reserved. TLS is not negotiated with a bit: a client that wants it starts the
+    /// connection with a TLS ClientHello, and nobody on the path can turn that into
+    /// plaintext without failing the handshake.
     pub const TLS: u64 = 1 << 2;
     /// Data channels may be libfabric endpoints (RDMA writes into slots the receiver
     /// grants on the fabric connection itself). A server offers it only when started with

@@ -423,7 +423,7 @@ proptest! {
         }).collect();
         let payload_len = segments.iter().map(|s| s.len).sum();
         prop_assume!(payload_len <= MAX_BLOCK_PAYLOAD);
-        let h = BlockHeader { flags, segment_count: segments.len() as u16, payload_len, payload_crc: crc, session_tag: tag, sequence: seq };
+        let h = BlockHeader { flags, segment_count: segments.len() as u16, payload_len, payload_crc: crc, session_tag: tag, sequence: seq, mac: [0; 12] };
         let mut buf = Vec::new();
         h.encode(&segments, &mut buf);
         let fixed: &[u8; BlockHeader::LEN] = buf[..BlockHeader::LEN].try_into().unwrap();
@@ -445,7 +445,7 @@ proptest! {
         cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
         flip in any::<prop::sample::Index>(),
     ) {
-        let h = BlockHeader { flags: BlockHeader::FLAG_PAYLOAD_CRC, segment_count: 1, payload_len: payload.len() as u32, payload_crc: crc32c::crc32c(&payload), session_tag: 1, sequence: 0 };
+        let h = BlockHeader { flags: BlockHeader::FLAG_PAYLOAD_CRC, segment_count: 1, payload_len: payload.len() as u32, payload_crc: crc32c::crc32c(&payload), session_tag: 1, sequence: 0, mac: [0; 12] };
         let mut cuts: Vec<usize> = cuts.iter().map(|i| i.index(payload.len())).collect();
         cuts.sort_unstable();
         let in_pieces = |data: &[u8]| {

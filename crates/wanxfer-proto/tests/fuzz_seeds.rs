@@ -202,6 +202,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         payload_crc: 5,
         session_tag: 6,
         sequence: 7,
+        mac: [0; 12],
     };
     let mut buf = Vec::new();
     h.encode(&segs, &mut buf);

@@ -110,6 +110,8 @@ pub struct RemoteArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = Tuning::default().stall_timeout.as_secs())]
     pub stall_timeout: u64,
     #[command(flatten)]
+    pub security: SecurityArgs,
+    #[command(flatten)]
     pub log: LogArgs,
 }
 
@@ -121,7 +123,42 @@ impl RemoteArgs {
         };
         let mut config = ClientConfig::new(server.to_string(), secret, tuning);
         config.connect_timeout = Duration::from_secs(self.connect_timeout.max(1));
+        config.security = self.security.security(false);
         config
+    }
+}
+
+/// How a client protects its connections.
+#[derive(Debug, Args)]
+pub struct SecurityArgs {
+    /// Send everything in plaintext (the server must allow it with --allow-unencrypted):
+    /// anyone on the path can read the files and their names. Every control frame and
+    /// block still carries a MAC, so changes on the path are caught.
+    #[arg(long)]
+    pub no_encryption: bool,
+    /// Verify the server's certificate against these CA certificates (PEM) and its host
+    /// name, instead of pinning its fingerprint on first use (in the state directory's
+    /// known_hosts).
+    #[arg(long, value_name = "FILE", conflicts_with = "no_encryption")]
+    pub ca: Option<PathBuf>,
+}
+
+impl SecurityArgs {
+    /// The engine's setting; says loudly on stderr when there is no encryption.
+    pub fn security(&self, quiet: bool) -> wanxfer_engine::tls::ClientSecurity {
+        if self.no_encryption {
+            if !quiet {
+                eprintln!(
+                    "wanxfer: WARNING: --no-encryption: file contents and names cross the \
+                     network in plaintext (tampering is still detected)"
+                );
+            }
+            wanxfer_engine::tls::ClientSecurity::Unencrypted
+        } else {
+            wanxfer_engine::tls::ClientSecurity::Tls {
+                ca: self.ca.clone(),
+            }
+        }
     }
 }
 
@@ -287,6 +324,19 @@ pub struct ServeArgs {
     /// secret comes from WANXFER_SECRET.
     #[arg(long, value_name = "FILE")]
     pub secret_file: Option<PathBuf>,
+    /// The TLS certificate chain (PEM) to present; with --key. Without them the server
+    /// creates a key and a self-signed certificate in its state directory on first start
+    /// and prints the fingerprint clients pin.
+    #[arg(long, value_name = "FILE", requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// The private key (PEM) of --cert.
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    pub key: Option<PathBuf>,
+    /// Also accept clients that ask for no encryption (cp --no-encryption): their files
+    /// and names cross the network in plaintext, authenticated but readable by anyone on
+    /// the path. Encrypted clients are served as usual.
+    #[arg(long)]
+    pub allow_unencrypted: bool,
     /// Most concurrent sessions.
     #[arg(long, default_value_t = ServerLimits::default().max_sessions)]
     pub max_sessions: usize,
@@ -422,6 +472,7 @@ impl ServeArgs {
             handshake_timeout: self.handshake_timeout.max(Duration::from_millis(100)),
             max_pending: self.max_pending.max(1),
             max_pending_per_address: self.max_pending_per_address.max(1),
+            allow_unencrypted: self.allow_unencrypted,
             ..ServerLimits::default()
         }
     }
@@ -507,10 +558,13 @@ pub struct CpArgs {
     /// Pulls: acknowledge files before they reach the disk (scratch space only).
     #[arg(long)]
     pub no_fsync: bool,
-    /// Where journals of interrupted pulls and the places of earlier transfers are kept
-    /// (default: $WANXFER_STATE_DIR, $XDG_STATE_HOME/wanxfer or ~/.local/state/wanxfer).
+    /// Where journals of interrupted pulls, the places of earlier transfers and the
+    /// pinned server certificates (known_hosts) are kept (default: $WANXFER_STATE_DIR,
+    /// $XDG_STATE_HOME/wanxfer or ~/.local/state/wanxfer).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub security: SecurityArgs,
     #[command(flatten)]
     pub log: LogArgs,
 }
@@ -657,6 +711,7 @@ impl CpArgs {
         if let Some(dir) = &self.state_dir {
             config.state_dir = dir.clone();
         }
+        config.security = self.security.security(self.quiet);
         Ok(Request { config, job })
     }
 

@@ -50,6 +50,11 @@ pub struct BenchArgs {
     /// alone). `--no-block-checksum` is its old name.
     #[arg(long, alias = "no-block-checksum")]
     pub no_checks: bool,
+    /// Measure without encryption (the local server allows it; a --server must have been
+    /// started with --allow-unencrypted): blocks are MAC'd, not sealed, and the send
+    /// modes other than copy can bypass user space.
+    #[arg(long)]
+    pub no_encryption: bool,
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -116,6 +121,8 @@ fn latency(args: &BenchArgs) -> Result<(), Error> {
 pub struct Point {
     /// The send mode the session used (`auto` as it was settled for this server).
     pub io: String,
+    /// The TLS suite, or `none`.
+    pub encryption: String,
     /// Whether every block was checked (segment digests), or nothing was.
     pub checked: bool,
     pub streams: u16,
@@ -142,6 +149,7 @@ impl LocalServer {
         secret: &[u8],
         transport: &crate::args::TransportArgs,
         log: &crate::args::LogArgs,
+        allow_unencrypted: bool,
     ) -> Result<LocalServer, Error> {
         let root =
             tempfile::tempdir().map_err(|e| Error::local("create", "a temporary root", e))?;
@@ -170,6 +178,7 @@ impl LocalServer {
                     })
                     .unwrap_or_default(),
             )
+            .args(allow_unencrypted.then_some("--allow-unencrypted"))
             .env(
                 "WANXFER_SECRET",
                 <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(secret),
@@ -217,7 +226,8 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
         ),
         None => {
             let secret = crate::secret::generate()?.into_bytes();
-            let server = LocalServer::start(&secret, &args.transport, &args.log)?;
+            let server =
+                LocalServer::start(&secret, &args.transport, &args.log, args.no_encryption)?;
             (secret, Some(server))
         }
     };
@@ -268,7 +278,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
             transport: args.transport.transport(),
             ..Tuning::default()
         };
-        let p = measure(&addr, &secret, args.bytes, tuning)?;
+        let p = measure(&addr, &secret, args.bytes, tuning, args.no_encryption)?;
         println!(
             "{:>8} {:>7} {:>10} {:>5} {:>5} {:>10.2} {:>9.0} {:>9.0} {:>11.3} {:>11.3}",
             p.io,
@@ -295,9 +305,18 @@ pub fn run(args: &BenchArgs) -> Result<(), Error> {
     Ok(())
 }
 
-fn measure(addr: &str, secret: &[u8], bytes: u64, tuning: Tuning) -> Result<Point, Error> {
+fn measure(
+    addr: &str,
+    secret: &[u8],
+    bytes: u64,
+    tuning: Tuning,
+    no_encryption: bool,
+) -> Result<Point, Error> {
     let checked = tuning.file_digest;
     let mut cfg = ClientConfig::new(addr.to_string(), secret.to_vec(), tuning);
+    if no_encryption {
+        cfg.security = wanxfer_engine::tls::ClientSecurity::Unencrypted;
+    }
     // A measurement: a failed point is reported as such, not retried.
     cfg.retry.retries = 0;
     cfg.connect_timeout = Duration::from_secs(crate::args::DEFAULT_CONNECT_TIMEOUT_S);
@@ -312,6 +331,7 @@ fn measure(addr: &str, secret: &[u8], bytes: u64, tuning: Tuning) -> Result<Poin
     let (send, recv) = (r.cpu.seconds(), r.peer_cpu.seconds());
     Ok(Point {
         io: r.io.mode.clone(),
+        encryption: r.encryption.clone(),
         checked,
         streams: r.streams,
         block_size: r.block_size,

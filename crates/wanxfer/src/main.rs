@@ -150,12 +150,34 @@ fn on_signal() -> Cancel {
 fn serve(args: ServeArgs) -> Result<(), Error> {
     let root = args.root()?;
     let secret = secret::for_server(args.secret_file.as_deref())?;
-    let limits = args.limits(root);
+    let mut limits = args.limits(root);
+    if let (Some(cert), Some(key)) = (&args.cert, &args.key) {
+        limits.identity = Some(wanxfer_engine::tls::ServerIdentity::from_files(cert, key)?);
+    }
     let server = Server::bind(&args.listen, root, secret, limits.clone())?;
     let addr = server.local_addr()?;
     // The one start line, on stdout: scripts and tests read the address from it (the port
     // when listening on port 0). It is not logged too, which would say it twice.
     println!("wanxfer serving {} on {addr}", root.display());
+    let identity = server.identity();
+    let made = if identity.created {
+        ", created now"
+    } else {
+        ""
+    };
+    // What an operator hands to clients to compare with what they pin. Logged, not on
+    // stdout, whose one line scripts read.
+    tracing::info!(
+        "TLS certificate fingerprint {} ({}{made})",
+        identity.fingerprint,
+        identity.origin
+    );
+    if args.allow_unencrypted {
+        tracing::warn!(
+            "--allow-unencrypted: clients may ask for plaintext; their files and names then \
+             cross the network readable by anyone on the path (still authenticated)"
+        );
+    }
     if let Some(state) = &limits.state_dir {
         tracing::debug!("journals of interrupted transfers in {}", state.display());
     }

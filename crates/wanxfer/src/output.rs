@@ -229,6 +229,10 @@ struct JsonReport<'a> {
     channels_lost: u64,
     /// Round trips from connecting to the session being agreed.
     setup_round_trips: u32,
+    /// The TLS suite every connection used, or `none` (`--no-encryption`).
+    encryption: &'a str,
+    /// Where the data channels' TLS records were sealed: `rustls`, `kernel`, `none`.
+    tls_records: &'a str,
     failed: Vec<FailedJson>,
     seconds: f64,
     gbit_per_s: f64,
@@ -296,6 +300,8 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool, quiet: bool) {
             attempts: report.attempts,
             channels_lost: report.channels_lost,
             setup_round_trips: report.setup_round_trips,
+            encryption: &report.encryption,
+            tls_records: report.tls_records,
             failed: failed_json(report),
             seconds: report.seconds,
             gbit_per_s: gbit,

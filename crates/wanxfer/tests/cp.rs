@@ -27,9 +27,11 @@ fn push_then_pull_keeps_names_contents_modes_mtimes_and_symlinks() {
     assert!(temp_files(&back).is_empty());
 }
 
+/// Send modes that bypass user space only apply without encryption here (this kernel
+/// has no TLS); under TLS they fall back to copying and say why.
 #[test]
 fn every_io_mode_and_stream_count_moves_the_same_bytes() {
-    let site = Site::new();
+    let site = Site::with_serve_flags(&["--allow-unencrypted"]);
     let src = site.path("src/tree");
     odd_tree(&src);
     for (i, (flags, io)) in [
@@ -75,7 +77,11 @@ fn every_io_mode_and_stream_count_moves_the_same_bytes() {
     .enumerate()
     {
         let dest = format!("copy-{i}");
-        let mut args: Vec<&OsStr> = ["--json"].iter().chain(flags).map(OsStr::new).collect();
+        let mut args: Vec<&OsStr> = ["--json", "--no-encryption"]
+            .iter()
+            .chain(flags)
+            .map(OsStr::new)
+            .collect();
         let url = site.server.url(&dest);
         args.extend([src.as_os_str(), &url]);
         let json = cp(args).assert_ok().json();
@@ -91,13 +97,15 @@ fn every_io_mode_and_stream_count_moves_the_same_bytes() {
 #[test]
 fn direct_and_buffered_writes_land_the_same_bytes_both_ways() {
     for mode in ["direct", "buffered"] {
-        let site = Site::with_serve_flags(&["--write", mode, "--io", "sendfile"]);
+        let site =
+            Site::with_serve_flags(&["--write", mode, "--io", "sendfile", "--allow-unencrypted"]);
         let src = site.path("src/tree");
         odd_tree(&src);
         write_pattern(&src.join("multi-block"), (5 << 20) + 1234, 7);
         write_pattern(&src.join("aligned"), 3 << 20, 8);
         let flags = [
             "--json",
+            "--no-encryption",
             "--block-size",
             "1MiB",
             "--streams",
@@ -183,12 +191,13 @@ fn a_tcp_session_never_loads_libfabric() {
 /// use it); every block is released before the session ends, so pushes and pulls finish.
 #[test]
 fn zerocopy_sends_are_counted_and_released() {
-    let site = Site::new();
+    let site = Site::with_serve_flags(&["--allow-unencrypted"]);
     let src = site.path("src/tree");
     odd_tree(&src);
     write_pattern(&src.join("big"), (3 << 20) + 17, 3);
     let run = cp([
         OsStr::new("--json"),
+        OsStr::new("--no-encryption"),
         OsStr::new("--io"),
         OsStr::new("zerocopy"),
         OsStr::new("--block-size"),
@@ -658,6 +667,8 @@ fn bench_sweeps_send_modes_and_writes_json_and_svg() {
     let out = std::process::Command::new(wanxfer_bin())
         .args(["bench", "--bytes", "32MiB", "--block-sizes", "256KiB"])
         .args(["--depths", "1,4", "--streams", "1", "--io", "copy,zerocopy"])
+        // Zero-copy sends bypass user space: measured without encryption.
+        .arg("--no-encryption")
         .arg("--json")
         .arg(&json)
         .arg("--svg")

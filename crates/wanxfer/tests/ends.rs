@@ -162,7 +162,10 @@ fn partial_files_nobody_comes_back_for_are_removed_after_keep_partial() {
     wait_for("the log to say what went", Duration::from_secs(30), || {
         site.server.log().contains("removed an abandoned transfer")
     });
-    assert!(temp_files(site.root()).is_empty(), "the partial file is gone");
+    assert!(
+        temp_files(site.root()).is_empty(),
+        "the partial file is gone"
+    );
 }
 
 #[test]

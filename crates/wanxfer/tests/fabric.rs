@@ -13,6 +13,10 @@ use std::time::Duration;
 use common::*;
 
 const FABRIC: [&str; 4] = ["--transport", "fabric", "--provider", "tcp"];
+/// RDMA writes cannot go through TLS: fabric sessions run only as explicitly unencrypted
+/// ones (their blocks MAC'd), so servers allow it and clients ask for it.
+const ALLOW: &str = "--allow-unencrypted";
+const PLAIN: &str = "--no-encryption";
 
 /// Whether libfabric's tcp provider is usable here; tests skip (saying so) if not.
 fn fabric_available() -> bool {
@@ -27,7 +31,9 @@ fn fabric_available() -> bool {
 }
 
 fn fabric_site() -> Site {
-    Site::with_serve_flags(&FABRIC)
+    let mut flags = FABRIC.to_vec();
+    flags.push(ALLOW);
+    Site::with_serve_flags(&flags)
 }
 
 /// `wanxfer cp --transport fabric ARGS...`.
@@ -37,6 +43,7 @@ where
     S: AsRef<OsStr>,
 {
     let mut all: Vec<std::ffi::OsString> = FABRIC.iter().map(Into::into).collect();
+    all.push(PLAIN.into());
     all.extend(args.into_iter().map(|a| a.as_ref().to_os_string()));
     cp(all)
 }
@@ -75,7 +82,7 @@ fn chunks_of_large_files_land_aligned_for_direct_writes() {
         return;
     }
     let mut flags = FABRIC.to_vec();
-    flags.extend(["--write", "direct"]);
+    flags.extend(["--write", "direct", ALLOW]);
     let site = Site::with_serve_flags(&flags);
     let src = site.path("src/tree");
     odd_tree(&src);
@@ -187,6 +194,7 @@ fn a_receiver_that_stops_granting_makes_the_sender_wait_not_fail() {
     let client = cp_command(
         FABRIC
             .iter()
+            .chain([&PLAIN])
             .map(OsStr::new)
             .chain([
                 OsStr::new("--block-size"),
@@ -229,6 +237,7 @@ fn a_server_vanishing_mid_fabric_push_is_a_network_error() {
     let client = cp_command(
         FABRIC
             .iter()
+            .chain([&PLAIN])
             .map(OsStr::new)
             .chain([src.as_os_str(), &site.server.url("large.bin")])
             .collect::<Vec<_>>(),
@@ -254,7 +263,7 @@ fn fabric_is_refused_clearly_where_it_is_not_offered() {
     if !fabric_available() {
         return;
     }
-    let tcp_only = Site::new();
+    let tcp_only = Site::with_serve_flags(&[ALLOW]);
     fabric_cp([
         "--bytes",
         "1MiB",
@@ -269,7 +278,21 @@ fn fabric_is_refused_clearly_where_it_is_not_offered() {
     );
 
     let site = fabric_site();
+    // Without the opt-in: refused before connecting, naming the flag.
+    cp([
+        "--transport",
+        "fabric",
+        "--provider",
+        "tcp",
+        "--bytes",
+        "1MiB",
+        "/dev/zero",
+        site.server.url("dev/null").to_str().unwrap(),
+    ])
+    .assert_code(2)
+    .assert_stderr_mentions("--no-encryption");
     let run = cp([
+        PLAIN,
         "--transport",
         "fabric",
         "--provider",

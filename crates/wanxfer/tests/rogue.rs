@@ -9,10 +9,12 @@ mod common;
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::TcpStream;
 use std::time::Duration;
 
 use common::*;
+use wanxfer_engine::stream::Stream;
+use wanxfer_engine::tls::{ClientTls, Trust};
 use wanxfer_proto::handshake::{Authenticated, ClientHandshake, Step};
 use wanxfer_proto::{
     encode_frame, features, BlockHeader, ChannelJoin, Compare, ConnectionKind, Direction, Entry,
@@ -22,15 +24,31 @@ use wanxfer_proto::{
 
 /// One connection to the server, driven by hand.
 struct RawPeer {
-    stream: TcpStream,
+    stream: Stream,
     /// The server's greeting on this connection.
     greeting: Hello,
 }
 
+/// A client's TLS set-up for `addr`, pinning in the test process's state directory.
+fn client_tls(addr: &str) -> ClientTls {
+    ClientTls::new(
+        addr,
+        &Trust::Pinned {
+            known_hosts: wanxfer_engine::tls::known_hosts_in(&state_dir()),
+        },
+    )
+    .expect("TLS set-up")
+}
+
 impl RawPeer {
-    /// Connects and reads the server's greeting, which it sends before it reads a byte.
+    /// Connects (TLS) and reads the server's greeting, which it sends in its first flight.
     fn open(server: &Server) -> RawPeer {
-        let mut stream = TcpStream::connect(&server.addr).expect("connect");
+        let mut stream = wanxfer_engine::tls::connect(
+            &server.addr,
+            Some(&client_tls(&server.addr)),
+            Duration::from_secs(30),
+        )
+        .expect("connect");
         stream
             .set_read_timeout(Some(Duration::from_secs(30)))
             .unwrap();
@@ -121,7 +139,8 @@ impl RawPeer {
 
     fn authenticate(server: &Server, secret: &str) -> (RawPeer, Authenticated) {
         let mut peer = RawPeer::connect(server, ConnectionKind::Control);
-        let mut handshake = ClientHandshake::new(secret.as_bytes(), [7; 32], features::SUPPORTED);
+        let mut handshake = ClientHandshake::new(secret.as_bytes(), [7; 32], features::SUPPORTED)
+            .with_binding(peer.stream.binding());
         peer.send(&handshake.hello());
         let Ok(Step::Send(proof)) = handshake.handle(Message::Hello(peer.greeting.clone())) else {
             panic!("the greeting asks for a proof")
@@ -425,7 +444,12 @@ fn forged_channel_proofs_are_refused() {
     other_session[15] ^= 1;
     let forge: [&dyn Fn(&RawPeer) -> ChannelJoin; 2] = [
         &|data| {
-            let mut proof = auth.channel_proof(&accepted.session_id, 0, &data.greeting.nonce);
+            let mut proof = auth.channel_proof(
+                &accepted.session_id,
+                0,
+                &data.greeting.nonce,
+                &data.stream.binding(),
+            );
             proof[0] ^= 1;
             ChannelJoin {
                 session_id: accepted.session_id,
@@ -436,7 +460,12 @@ fn forged_channel_proofs_are_refused() {
         &|data| ChannelJoin {
             session_id: other_session,
             index: 0,
-            proof: auth.channel_proof(&other_session, 0, &data.greeting.nonce),
+            proof: auth.channel_proof(
+                &other_session,
+                0,
+                &data.greeting.nonce,
+                &data.stream.binding(),
+            ),
         },
     ];
     for join in forge {
@@ -460,7 +489,12 @@ fn a_replayed_channel_join_is_refused_and_harms_nothing() {
     let captured = ChannelJoin {
         session_id: accepted.session_id,
         index: 0,
-        proof: auth.channel_proof(&accepted.session_id, 0, &real.greeting.nonce),
+        proof: auth.channel_proof(
+            &accepted.session_id,
+            0,
+            &real.greeting.nonce,
+            &real.stream.binding(),
+        ),
     };
     // Replayed ahead of the real one, on the attacker's own connection.
     let mut ahead = RawPeer::connect(&site.server, ConnectionKind::Data);
@@ -497,7 +531,12 @@ fn a_replayed_channel_join_is_refused_and_harms_nothing() {
 /// Joins data channel 0 of `accepted`'s session.
 fn join_channel(site: &Site, auth: &Authenticated, accepted: &SessionAccepted) -> RawPeer {
     let mut data = RawPeer::connect(&site.server, ConnectionKind::Data);
-    let proof = auth.channel_proof(&accepted.session_id, 0, &data.greeting.nonce);
+    let proof = auth.channel_proof(
+        &accepted.session_id,
+        0,
+        &data.greeting.nonce,
+        &data.stream.binding(),
+    );
     data.send(&Message::ChannelJoin(ChannelJoin {
         session_id: accepted.session_id,
         index: 0,
@@ -532,6 +571,7 @@ fn raw_block(
     corrupt_in_transit: bool,
 ) -> Vec<u8> {
     let header = BlockHeader {
+        mac: [0; 12],
         flags: checks,
         segment_count: segments.len() as u16,
         payload_len: payload.len() as u32,
@@ -710,7 +750,7 @@ impl DigestTrial {
         for bytes in Self::blocks(accepted) {
             data.send_raw(&bytes);
         }
-        data.stream.shutdown(Shutdown::Write).unwrap();
+        data.stream.finish_writes().unwrap();
     }
 
     /// Reads the receiver's verdict on every file (the directory's came with the manifest
@@ -836,19 +876,32 @@ fn rogue_server(
     let server = std::thread::spawn(move || {
         // Greets like a server (its preamble and a Hello with `nonce`), then checks the
         // client's preamble.
+        let (cert, key) = test_identity();
+        let tls = wanxfer_engine::tls::ServerIdentity::from_files(&cert, &key)
+            .and_then(|identity| identity.server_config())
+            .unwrap();
         let accept = |kind: ConnectionKind, nonce: [u8; 32]| {
-            let (mut stream, _) = listener.accept().unwrap();
+            let (tcp, _) = listener.accept().unwrap();
+            let mut greeting = Preamble::new(ConnectionKind::Server).encode().to_vec();
+            encode_frame(
+                &wanxfer_proto::handshake::hello(nonce, features::SUPPORTED),
+                &mut greeting,
+            );
+            let stream = wanxfer_engine::tls::accept(
+                tcp,
+                &tls,
+                &greeting,
+                wanxfer_engine::tls::Deadline::after(Duration::from_secs(30)),
+                "client",
+            )
+            .unwrap();
             stream
                 .set_read_timeout(Some(Duration::from_secs(30)))
-                .unwrap();
-            stream
-                .write_all(&Preamble::new(ConnectionKind::Server).encode())
                 .unwrap();
             let mut peer = RawPeer {
                 stream,
                 greeting: hello_placeholder(),
             };
-            peer.send(&wanxfer_proto::handshake::hello(nonce, features::SUPPORTED));
             let mut preamble = [0u8; Preamble::LEN];
             peer.stream.read_exact(&mut preamble).unwrap();
             assert_eq!(Preamble::decode(&preamble).unwrap().kind, kind);
@@ -856,6 +909,7 @@ fn rogue_server(
         };
         let mut control = accept(ConnectionKind::Control, [9; 32]);
         let mut handshake = ServerHandshake::new(SECRET.as_bytes(), [9; 32], features::SUPPORTED);
+        handshake.set_binding(control.stream.binding());
         let auth = loop {
             match handshake.handle(control.recv().unwrap()).unwrap() {
                 Step::Wait => {}
@@ -885,7 +939,13 @@ fn rogue_server(
         let Some(Message::ChannelJoin(join)) = data.recv() else {
             panic!("expected ChannelJoin");
         };
-        assert!(auth.verify_channel(&accepted.session_id, join.index, &[11; 32], &join.proof));
+        assert!(auth.verify_channel(
+            &accepted.session_id,
+            join.index,
+            &[11; 32],
+            &data.stream.binding(),
+            &join.proof
+        ));
         data.send(&Message::ChannelAccepted { index: join.index });
         play(control, data, accepted);
     });

@@ -5,8 +5,8 @@
 //! plugin serving FTS, a script) keeps a [`Client`] and checks [`Client::is_usable`]
 //! before reusing it, since the server closes a connection left idle.
 
+use crate::stream::Stream;
 use std::io::ErrorKind;
-use std::net::TcpStream;
 use std::time::Duration;
 
 use wanxfer_proto::ops::{ChecksumAlgorithm, ListEntry, Meta, OpReply, OpRequest, RemoveMode};
@@ -20,7 +20,7 @@ use crate::Error;
 /// An authenticated connection that carries remote operations, one at a time.
 #[derive(Debug)]
 pub struct Client {
-    stream: TcpStream,
+    stream: Stream,
     control: Control,
     /// A request whose final reply has not been read: the connection cannot take another.
     pending: bool,
@@ -51,16 +51,19 @@ impl Client {
     /// Whether the connection can take a request: nothing left unread, and the server has
     /// not closed it (as it does with a connection idle past its stall timeout).
     pub fn is_usable(&self) -> bool {
-        if self.pending || self.stream.set_nonblocking(true).is_err() {
+        // The socket, not the stream: TLS or not, any byte the server sent unasked (or
+        // its close) means the connection is not to be reused.
+        let tcp = self.stream.tcp();
+        if self.pending || tcp.set_nonblocking(true).is_err() {
             return false;
         }
         let mut byte = [0u8; 1];
-        let open = match self.stream.peek(&mut byte) {
+        let open = match tcp.peek(&mut byte) {
             // Closed (0), or a frame nobody asked for: either way not to be reused.
             Ok(_) => false,
             Err(e) => e.kind() == ErrorKind::WouldBlock,
         };
-        self.stream.set_nonblocking(false).is_ok() && open
+        tcp.set_nonblocking(false).is_ok() && open
     }
 
     pub fn stat(&mut self, path: &RelPath) -> Result<Meta, Error> {

@@ -7,7 +7,7 @@
 //! time, so a connection holds at most one operation's state; a client silent for
 //! `idle` between requests, or gone, ends the connection quietly.
 
-use std::net::TcpStream;
+use crate::stream::Stream;
 use std::time::{Duration, Instant};
 
 use wanxfer_proto::ops::{OpError, OpFailure, OpReply, OpRequest, RemoveMode};
@@ -27,7 +27,7 @@ pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
 /// ends with an error.
 pub(crate) fn serve(
     root: &Root,
-    mut stream: TcpStream,
+    mut stream: Stream,
     mut control: Control,
     first: OpRequest,
     idle: Duration,

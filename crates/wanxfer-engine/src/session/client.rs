@@ -3,12 +3,12 @@
 //! run after an interruption resumes the last one into the same place, and retries that
 //! resume rather than restart.
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wanxfer_proto::handshake::{Authenticated, ClientHandshake, Step};
+use wanxfer_proto::handshake::{Authenticated, ClientHandshake, Side, Step};
 use wanxfer_proto::{
     features, session_flags, ChannelJoin, ConnectionKind, Direction, FailureClass, Message,
     OpenSession, Placement as Wire, Preamble, RelPath, SessionAccepted, Stats, TransportKind,
@@ -19,11 +19,14 @@ use super::conn::{self, Deadline};
 use super::driver::{Driver, Event, Opener, Outcome, Setup};
 use super::state::StateDir;
 use super::{random, Params, Transport, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
+use crate::digest::BlockKey;
 use crate::fs::{Kind, Root};
 use crate::pool::Cancel;
 use crate::progress::{process_cpu, CpuMeter, CpuTime, IoUse, Progress};
 use crate::sink::{Placement, Sink, SinkLimits};
 use crate::source::{Source, SYNTHETIC_NAME};
+use crate::stream::Stream;
+use crate::tls::{ClientSecurity, ClientTls, Trust};
 use crate::transport::fabric::{FabricNames, FabricTransport, SlotPlan};
 use crate::transport::{Joined, TcpTransport};
 use crate::{Error, ErrorClass};
@@ -62,6 +65,8 @@ pub struct ClientConfig {
     /// Set to interrupt the transfer (Ctrl-C): it stops, keeping what it has for the
     /// next run.
     pub cancel: Cancel,
+    /// TLS (the default) and whom to trust, or no encryption.
+    pub security: ClientSecurity,
 }
 
 impl ClientConfig {
@@ -76,6 +81,24 @@ impl ClientConfig {
             state_dir: StateDir::client_default(),
             retry: RetryPolicy::default(),
             cancel: Cancel::default(),
+            security: ClientSecurity::default(),
+        }
+    }
+
+    /// The TLS set-up for connections to the server (`None` without encryption): a CA
+    /// file to verify against, or the fingerprints pinned in the state directory.
+    pub fn tls(&self) -> Result<Option<Arc<ClientTls>>, Error> {
+        match &self.security {
+            ClientSecurity::Unencrypted => Ok(None),
+            ClientSecurity::Tls { ca } => {
+                let trust = match ca {
+                    Some(file) => Trust::Ca(file.clone()),
+                    None => Trust::Pinned {
+                        known_hosts: crate::tls::known_hosts_in(&self.state_dir),
+                    },
+                };
+                ClientTls::new(&self.server, &trust).map(|t| Some(Arc::new(t)))
+            }
         }
     }
 }
@@ -145,6 +168,10 @@ pub struct Report {
     pub failures: Vec<FileFailure>,
     /// Round trips from the first connect to the session being agreed.
     pub setup_round_trips: u32,
+    /// The TLS suite the connections use, or `none`.
+    pub encryption: String,
+    /// Where the data channels' records are sealed: `rustls`, `kernel` or `none`.
+    pub tls_records: &'static str,
 }
 
 /// One file that did not make it, for reports.
@@ -333,7 +360,8 @@ fn first_error(f: &FileFailure) -> Error {
 
 /// What the handshake established.
 struct Agreed {
-    stream: TcpStream,
+    stream: Stream,
+    tls: Option<Arc<ClientTls>>,
     auth: Authenticated,
     accepted: SessionAccepted,
     fabric_port: Option<u16>,
@@ -360,6 +388,15 @@ fn run_once(
     let mut params =
         Params::from_accepted(&agreed.accepted, id, &cfg.tuning, agreed.auth.negotiated());
     params.resolve_io(conn::peer_on_this_host(&agreed.stream));
+    let (kernel_tls, io_note) = params.settle_for_tls(&agreed.stream);
+    if let Some(note) = io_note {
+        let _ = progress.io_fallback.set(note);
+    }
+    let unencrypted = !agreed.stream.is_encrypted();
+    if unencrypted {
+        params.send_key = Some(BlockKey::new(agreed.auth.block_key(Side::Client)));
+    }
+    let receive_key = unencrypted.then(|| BlockKey::new(agreed.auth.block_key(Side::Server)));
     let transport: Arc<dyn crate::transport::Transport> =
         match (&cfg.tuning.transport, agreed.fabric_port) {
             (Transport::Fabric { provider }, Some(port)) => {
@@ -370,25 +407,34 @@ fn run_once(
                     .peer_addr()
                     .map_err(|e| Error::network("reading the address of", &cfg.server, e))?
                     .ip();
-                Arc::new(FabricTransport::client(
-                    provider,
-                    SocketAddr::new(ip, port),
-                    SlotPlan::new(params.block_size, params.depth),
-                    params.session_tag,
-                    params.block_size as usize,
-                ))
+                Arc::new(
+                    FabricTransport::client(
+                        provider,
+                        SocketAddr::new(ip, port),
+                        SlotPlan::new(params.block_size, params.depth),
+                        params.session_tag,
+                        params.block_size as usize,
+                    )
+                    .with_receive_key(receive_key),
+                )
             }
             _ => Arc::new(TcpTransport {
                 peer: cfg.server.clone(),
                 block_size: params.block_size as usize,
                 session_tag: params.session_tag,
                 io: params.io,
+                receive_key,
+                kernel_tls,
             }),
         };
     let opener: Opener = {
-        let (cfg, auth, session_id) =
-            (cfg.clone(), agreed.auth.clone(), agreed.accepted.session_id);
-        Arc::new(move |index| open_channel(&cfg, &auth, &session_id, index))
+        let (cfg, tls, auth, session_id) = (
+            cfg.clone(),
+            agreed.tls.clone(),
+            agreed.auth.clone(),
+            agreed.accepted.session_id,
+        );
+        Arc::new(move |index| open_channel(&cfg, tls.as_deref(), &auth, &session_id, index))
     };
     let setup = Setup {
         params: params.clone(),
@@ -461,6 +507,13 @@ fn run_once(
     }?;
     let mut report = report(cfg, &params, &agreed, outcome, &progress);
     report.fabric = transport.fabric_names();
+    let protection = agreed.stream.protection();
+    report.encryption = protection.encryption;
+    report.tls_records = match protection.offload {
+        "none" => "none",
+        _ if kernel_tls => "kernel",
+        _ => "rustls",
+    };
     Ok(report)
 }
 
@@ -512,6 +565,8 @@ fn report(
             })
             .collect(),
         setup_round_trips: agreed.round_trips,
+        encryption: String::new(),
+        tls_records: "none",
     }
 }
 
@@ -530,15 +585,35 @@ fn peer_io_use(stats: &Stats) -> IoUse {
 /// than a session (remote operations), with a read timeout of the connect timeout.
 pub(crate) fn open_control(
     cfg: &ClientConfig,
-) -> Result<(TcpStream, conn::Control, Authenticated), Error> {
-    let peer = cfg.server.as_str();
+) -> Result<(Stream, conn::Control, Authenticated), Error> {
     let deadline = Deadline::after(cfg.connect_timeout);
-    let mut stream = conn::connect(peer, deadline, cfg.tuning.stall_timeout)?;
-    let mut handshake = ClientHandshake::new(&cfg.secret, random()?, client_features(&cfg.tuning));
+    let tls = cfg.tls()?;
+    let (stream, auth) = authenticate(cfg, tls.as_deref(), deadline, None, |_| Ok(()))?;
+    let _ = stream.set_write_timeout(None);
+    let control = conn::Control::new(&stream, cfg.server.clone())?;
+    Ok((stream, control, auth))
+}
+
+/// Connects (TLS unless the session runs without encryption), greets and proves this
+/// side knows the secret, sending `request` right behind the proof, and checks the
+/// server's proof. Without encryption, what follows the proof carries MACs both ways.
+/// The server's certificate is pinned only now, once it has proved itself.
+fn authenticate(
+    cfg: &ClientConfig,
+    tls: Option<&ClientTls>,
+    deadline: Deadline,
+    request: Option<&Message>,
+    check_greeting: impl FnOnce(&wanxfer_proto::Hello) -> Result<(), Error>,
+) -> Result<(Stream, Authenticated), Error> {
+    let peer = cfg.server.as_str();
+    let mut stream = conn::connect_secure(peer, tls, deadline, cfg.tuning.stall_timeout)?;
+    let mut handshake = ClientHandshake::new(&cfg.secret, random()?, client_features(&cfg.tuning))
+        .with_binding(stream.binding());
     let mut first = Preamble::new(ConnectionKind::Control).encode().to_vec();
     first.extend_from_slice(&conn::frames(&[&handshake.hello()]));
     conn::write_all_by(&mut stream, &first, deadline, peer)?;
     let greeting = conn::read_greeting(&mut stream, deadline, peer)?;
+    check_greeting(&greeting)?;
     let Step::Send(proof) = handshake
         .handle(Message::Hello(greeting))
         .map_err(|e| Error::handshake(peer, e))?
@@ -549,55 +624,55 @@ pub(crate) fn open_control(
         ));
     };
     conn::write_all_by(&mut stream, &conn::frames(&[&proof]), deadline, peer)?;
+    if let Some(keys) = handshake.pending() {
+        stream.authenticate_writes(keys.control_key(Side::Client));
+    }
+    if let Some(request) = request {
+        conn::write_all_by(&mut stream, &conn::frames(&[request]), deadline, peer)?;
+    }
     let Step::Done(auth) = handshake
         .handle(conn::read_message_by(&mut stream, deadline, peer)?)
         .map_err(|e| Error::handshake(peer, e))?
     else {
         return Err(Error::protocol(peer, "the handshake did not complete"));
     };
-    let _ = stream.set_write_timeout(None);
-    let control = conn::Control::new(&stream, cfg.server.clone())?;
-    Ok((stream, control, auth))
+    stream.authenticate_reads(auth.control_key(Side::Server));
+    if let Some(tls) = tls {
+        tls.pin_if_new(peer)?;
+    }
+    Ok((stream, auth))
 }
 
-/// Connects and agrees on a session. The server greets first; the client's preamble and
-/// `Hello` go at once, its proof and request together once the greeting is in: from the
-/// connection to the session's answer, one round trip more than the connect.
+/// Connects and agrees on a session. Under TLS the server's greeting rides in its first
+/// flight (0.5-RTT data), so the client's Finished, preamble, `Hello`, proof and request
+/// leave together once that flight is in: from the connection to the session's answer,
+/// two round trips more than the connect (TLS, then the request), as without TLS (the
+/// greeting, then the request).
 fn handshake(cfg: &ClientConfig, request: OpenSession) -> Result<Agreed, Error> {
     let peer = cfg.server.as_str();
     let deadline = Deadline::after(cfg.connect_timeout);
-    let mut stream = conn::connect(peer, deadline, cfg.tuning.stall_timeout)?;
-    let mut handshake = ClientHandshake::new(&cfg.secret, random()?, client_features(&cfg.tuning));
-    let mut first = Preamble::new(ConnectionKind::Control).encode().to_vec();
-    first.extend_from_slice(&conn::frames(&[&handshake.hello()]));
-    conn::write_all_by(&mut stream, &first, deadline, peer)?;
-    let greeting = conn::read_greeting(&mut stream, deadline, peer)?;
-    if request.transport == TransportKind::Fabric && greeting.features & features::FABRIC == 0 {
-        return Err(Error::Usage(format!(
-            "{peer} does not offer the fabric transport (start it with --transport fabric)"
-        )));
+    if request.transport == TransportKind::Fabric
+        && !matches!(cfg.security, ClientSecurity::Unencrypted)
+    {
+        return Err(Error::Usage(
+            "the fabric transport writes blocks straight into the peer's memory, where TLS \
+             cannot protect them: add --no-encryption (every block then still carries a MAC)"
+                .into(),
+        ));
     }
-    let proof = match handshake
-        .handle(Message::Hello(greeting))
-        .map_err(|e| Error::handshake(peer, e))?
-    {
-        Step::Send(proof) => proof,
-        _ => {
-            return Err(Error::protocol(
-                peer,
-                "the handshake did not ask for a proof",
-            ))
-        }
-    };
+    let tls = cfg.tls()?;
     let open = Message::OpenSession(request.clone());
-    conn::write_all_by(&mut stream, &conn::frames(&[&proof, &open]), deadline, peer)?;
-    let auth = match handshake
-        .handle(conn::read_message_by(&mut stream, deadline, peer)?)
-        .map_err(|e| Error::handshake(peer, e))?
-    {
-        Step::Done(auth) => auth,
-        _ => return Err(Error::protocol(peer, "the handshake did not complete")),
-    };
+    let (mut stream, auth) =
+        authenticate(cfg, tls.as_deref(), deadline, Some(&open), |greeting| {
+            if request.transport == TransportKind::Fabric
+                && greeting.features & features::FABRIC == 0
+            {
+                return Err(Error::Usage(format!(
+                    "{peer} does not offer the fabric transport (start it with --transport fabric)"
+                )));
+            }
+            Ok(())
+        })?;
     let accepted = match conn::read_message_by(&mut stream, deadline, peer)? {
         Message::SessionAccepted(a) => a,
         Message::Error(e) => return Err(Error::remote(peer, &e)),
@@ -611,10 +686,11 @@ fn handshake(cfg: &ClientConfig, request: OpenSession) -> Result<Agreed, Error> 
     };
     Ok(Agreed {
         stream,
+        tls,
         auth,
         accepted,
         fabric_port,
-        // connect, greeting (half), proof and request.
+        // connect, greeting or TLS, proof and request.
         round_trips: 3,
     })
 }
@@ -633,7 +709,7 @@ fn client_features(tuning: &Tuning) -> u64 {
 /// The server's answer to a fabric request: the port of its listener, after checking it
 /// runs the provider we asked for (never another one).
 fn read_fabric_endpoint(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     deadline: Deadline,
     cfg: &ClientConfig,
 ) -> Result<u16, Error> {
@@ -725,17 +801,19 @@ fn open_request(
     }
 }
 
-/// Opens data connection `index`: connect, read the server's greeting (its nonce binds
-/// the join to this connection), join, wait for the server to take it.
+/// Opens data connection `index`: connect (and TLS), read the server's greeting (its
+/// nonce, and the connection's TLS exporter, bind the join to this connection), join,
+/// wait for the server to take it.
 fn open_channel(
     cfg: &ClientConfig,
+    tls: Option<&ClientTls>,
     auth: &Authenticated,
     session_id: &[u8; 16],
     index: u16,
 ) -> Result<Joined, Error> {
     let peer = cfg.server.as_str();
     let deadline = Deadline::after(cfg.connect_timeout);
-    let mut stream = conn::connect(peer, deadline, cfg.tuning.stall_timeout)?;
+    let mut stream = conn::connect_secure(peer, tls, deadline, cfg.tuning.stall_timeout)?;
     conn::write_all_by(
         &mut stream,
         &Preamble::new(ConnectionKind::Data).encode(),
@@ -746,7 +824,7 @@ fn open_channel(
     let join = ChannelJoin {
         session_id: *session_id,
         index,
-        proof: auth.channel_proof(session_id, index, &greeting.nonce),
+        proof: auth.channel_proof(session_id, index, &greeting.nonce, &stream.binding()),
     };
     conn::write_all_by(
         &mut stream,

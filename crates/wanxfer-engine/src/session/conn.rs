@@ -7,6 +7,10 @@
 //! its control connection is read by a thread of its own into the session's bounded event
 //! queue, and written by another from a bounded queue, so the session's loop never blocks
 //! on the network: two sides each waiting for the other to read cannot deadlock.
+//!
+//! Everything here reads and writes a [`Stream`], whatever protects it (TLS or MACs,
+//! see [`crate::stream`]); the TLS handshake's own reads and writes on the bare socket go
+//! through the same deadline-bounded calls.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -17,7 +21,33 @@ use wanxfer_proto::{
     encode_frame, ConnectionKind, DecodeError, FrameHeader, Hello, Message, Preamble,
 };
 
+pub use crate::stream::Stream;
 use crate::Error;
+
+/// A connection whose reads and writes a deadline can bound: a bare socket (during a TLS
+/// handshake) or a [`Stream`].
+pub trait Timed: Read + Write {
+    fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()>;
+    fn set_write_timeout(&self, t: Option<Duration>) -> std::io::Result<()>;
+}
+
+impl Timed for TcpStream {
+    fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        TcpStream::set_read_timeout(self, t)
+    }
+    fn set_write_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        TcpStream::set_write_timeout(self, t)
+    }
+}
+
+impl Timed for Stream {
+    fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        Stream::set_read_timeout(self, t)
+    }
+    fn set_write_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        Stream::set_write_timeout(self, t)
+    }
+}
 
 /// The end of an exchange: every read and write before it gets only what is left.
 #[derive(Debug, Clone, Copy)]
@@ -33,7 +63,7 @@ impl Deadline {
     }
 
     /// What is left, `Err` once nothing is.
-    fn left(&self) -> Result<Option<Duration>, ()> {
+    pub(crate) fn left(&self) -> Result<Option<Duration>, ()> {
         match self.0 {
             None => Ok(None),
             Some(end) => {
@@ -59,7 +89,7 @@ fn timed_out(peer: &str, what: &str) -> Error {
 /// Reads exactly `buf.len()` bytes before `deadline`. `Ok(false)` if the stream ended
 /// before the first byte and `clean_end_ok`.
 pub fn read_exact_by(
-    stream: &mut TcpStream,
+    stream: &mut impl Timed,
     buf: &mut [u8],
     deadline: Deadline,
     peer: &str,
@@ -98,9 +128,49 @@ pub fn read_exact_by(
     Ok(())
 }
 
+/// Reads whatever arrives first (at least a byte) before `deadline`: a TLS handshake's
+/// input, whose length only rustls knows.
+pub fn read_some_by(
+    stream: &mut impl Timed,
+    buf: &mut [u8],
+    deadline: Deadline,
+    peer: &str,
+    what: &str,
+) -> Result<usize, Error> {
+    loop {
+        let left = deadline.left().map_err(|()| timed_out(peer, what))?;
+        stream
+            .set_read_timeout(left)
+            .map_err(|e| Error::network("reading from", peer, e))?;
+        match stream.read(buf) {
+            Ok(0) => {
+                return Err(Error::network(
+                    "connection closed by",
+                    peer,
+                    std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("the peer went away during the {what} handshake"),
+                    ),
+                ))
+            }
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(timed_out(peer, what))
+            }
+            Err(e) => return Err(Error::network("receiving from", peer, e)),
+        }
+    }
+}
+
 /// Writes all of `bytes` before `deadline`.
 pub fn write_all_by(
-    stream: &mut TcpStream,
+    stream: &mut impl Timed,
     bytes: &[u8],
     deadline: Deadline,
     peer: &str,
@@ -119,7 +189,7 @@ pub fn write_all_by(
 /// Reads one framed message before `deadline`, refusing oversized or corrupted frames
 /// before allocating.
 pub fn read_message_by(
-    stream: &mut TcpStream,
+    stream: &mut impl Timed,
     deadline: Deadline,
     peer: &str,
 ) -> Result<Message, Error> {
@@ -153,7 +223,7 @@ pub fn greeting(hello: &Message) -> Vec<u8> {
 /// The client's side of a greeting: the server's preamble and `Hello`. Anything else is
 /// named for what it is, so that a user pointing at the wrong port learns it.
 pub fn read_greeting(
-    stream: &mut TcpStream,
+    stream: &mut impl Timed,
     deadline: Deadline,
     peer: &str,
 ) -> Result<Hello, Error> {
@@ -201,7 +271,7 @@ pub fn read_greeting(
 
 /// Reads and checks the client's preamble on an accepted connection.
 pub fn read_preamble(
-    stream: &mut TcpStream,
+    stream: &mut impl Timed,
     deadline: Deadline,
     peer: &str,
 ) -> Result<ConnectionKind, Error> {
@@ -235,10 +305,44 @@ pub fn connect(server: &str, deadline: Deadline, stall: Duration) -> Result<TcpS
     Err(Error::network("connecting to", server, last))
 }
 
+/// Connects to `server` and, unless the session runs without encryption (`tls` is
+/// `None`), runs the TLS handshake, all within `deadline`. A certificate the client
+/// refuses is explained in the client's words (what changed, how to accept it).
+pub fn connect_secure(
+    server: &str,
+    tls: Option<&crate::tls::ClientTls>,
+    deadline: Deadline,
+    stall: Duration,
+) -> Result<Stream, Error> {
+    let mut tcp = connect(server, deadline, stall)?;
+    let Some(tls) = tls else {
+        return Ok(Stream::plain(tcp));
+    };
+    let client = rustls::ClientConnection::new(tls.config.clone(), tls.name.clone())
+        .map_err(|e| crate::tls::tls_error(server, e))?;
+    let mut conn = rustls::Connection::Client(client);
+    if let Err(e) = crate::tls::drive_handshake(&mut tcp, &mut conn, deadline, server) {
+        let refusal = tls
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .refusal
+            .take();
+        return Err(match refusal {
+            Some(detail) => Error::Auth {
+                peer: server.to_string(),
+                detail,
+            },
+            None => e,
+        });
+    }
+    Stream::tls(tcp, conn).map_err(|e| crate::tls::tls_error(server, e))
+}
+
 /// Reads one framed message with whatever read timeout the stream has (a connection
 /// that waits for requests sets its own idle timeout).
-pub fn read_message(stream: &mut TcpStream, peer: &str) -> Result<Message, Error> {
-    let read = |stream: &mut TcpStream, buf: &mut [u8]| {
+pub fn read_message(stream: &mut Stream, peer: &str) -> Result<Message, Error> {
+    let read = |stream: &mut Stream, buf: &mut [u8]| {
         stream.read_exact(buf).map_err(|e| match e.kind() {
             std::io::ErrorKind::UnexpectedEof => Error::network(
                 "connection closed by",
@@ -266,13 +370,13 @@ pub fn read_message(stream: &mut TcpStream, peer: &str) -> Result<Message, Error
 /// (remote operations), from the thread that owns it.
 #[derive(Debug)]
 pub struct Control {
-    stream: TcpStream,
+    stream: Stream,
     pub peer: String,
     scratch: Vec<u8>,
 }
 
 impl Control {
-    pub fn new(stream: &TcpStream, peer: String) -> Result<Control, Error> {
+    pub fn new(stream: &Stream, peer: String) -> Result<Control, Error> {
         let stream = stream
             .try_clone()
             .map_err(|e| Error::network("setting up connection to", &peer, e))?;
@@ -298,7 +402,7 @@ pub type ControlEvent = Result<Message, Error>;
 /// Starts the thread that reads control messages until the stream ends, handing each
 /// to `deliver` (which blocks when the session's queue is full: the peer then waits).
 pub fn spawn_reader(
-    stream: &TcpStream,
+    stream: &Stream,
     peer: String,
     deliver: impl Fn(ControlEvent) -> bool + Send + 'static,
 ) -> Result<std::thread::JoinHandle<()>, Error> {
@@ -333,7 +437,7 @@ pub struct ControlWriter {
 impl ControlWriter {
     /// Starts the writer; a write error is delivered as a control event, as the reader's.
     pub fn start(
-        stream: &TcpStream,
+        stream: &Stream,
         peer: String,
         failed: impl Fn(Error) + Send + 'static,
     ) -> Result<ControlWriter, Error> {
@@ -411,7 +515,7 @@ impl ControlWriter {
 
 /// Whether the peer of `stream` runs on this host (a loopback address, or our own
 /// address): its copies then share our memory, which changes what `--io auto` picks.
-pub fn peer_on_this_host(stream: &TcpStream) -> bool {
+pub fn peer_on_this_host(stream: &Stream) -> bool {
     match (stream.peer_addr(), stream.local_addr()) {
         (Ok(peer), Ok(local)) => peer.ip().is_loopback() || peer.ip() == local.ip(),
         _ => false,
@@ -449,7 +553,9 @@ mod tests {
     #[test]
     fn a_loopback_peer_is_on_this_host() {
         let (client, server) = pair();
-        assert!(peer_on_this_host(&client) && peer_on_this_host(&server));
+        assert!(
+            peer_on_this_host(&Stream::plain(client)) && peer_on_this_host(&Stream::plain(server))
+        );
     }
 
     /// The regression of issue 16 item 3: a peer trickling bytes cannot stretch a

@@ -19,8 +19,8 @@
 //! so that blocked threads wake, and every thread is joined before returning. A receiver
 //! then keeps its partial files for the next run (see `Sink::close`).
 
+use crate::stream::Stream;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -135,7 +135,7 @@ pub struct Driver {
     setup: Setup,
     /// The control connection, shut down when the session ends so that its reader
     /// thread ends too.
-    control: TcpStream,
+    control: Stream,
     events: (Sender<Event>, Receiver<Event>),
     writer: ControlWriter,
     threads: Vec<JoinHandle<()>>,
@@ -159,7 +159,7 @@ impl Driver {
     /// [`Driver::receive`].
     pub fn new(
         setup: Setup,
-        stream: &TcpStream,
+        stream: &Stream,
         events: (Sender<Event>, Receiver<Event>),
     ) -> Result<Driver, Error> {
         let (tx, failed) = (events.0.clone(), events.0.clone());
@@ -526,6 +526,7 @@ impl Driver {
             block_crc: p.block_crc,
             file_digest: p.file_digest,
             io: p.io,
+            block_key: p.send_key.clone(),
         };
         for i in 0..p.readers {
             let (jobs, blocks, pool, cfg, shared, cancel) = (

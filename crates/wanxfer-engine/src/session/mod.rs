@@ -144,6 +144,8 @@ pub struct Params {
     pub stall_timeout: Duration,
     /// The features both sides offered (`wanxfer_proto::features`).
     pub features: u64,
+    /// A session without encryption: the key this side tags the blocks it sends with.
+    pub send_key: Option<crate::digest::BlockKey>,
 }
 
 impl Params {
@@ -174,6 +176,7 @@ impl Params {
             durable: tuning.durable,
             stall_timeout: tuning.stall_timeout,
             features,
+            send_key: None,
         }
     }
 
@@ -187,6 +190,31 @@ impl Params {
     /// Whether the receiver journals and resumes (both sides offered it).
     pub fn resumes(&self) -> bool {
         self.features & wanxfer_proto::features::RESUME != 0
+    }
+
+    /// Settles how blocks are sent under TLS on `control`: `sendfile` and `MSG_ZEROCOPY`
+    /// bypass user space, so with records sealed by rustls every block is copied through
+    /// it; where the kernel offers TLS, sending links move their records there instead
+    /// and keep the mode. Returns whether links should do that, and what `--json` says
+    /// when the mode had to change.
+    pub fn settle_for_tls(&mut self, control: &crate::stream::Stream) -> (bool, Option<String>) {
+        if !control.user_space_tls() || self.io == IoMode::Copy {
+            return (false, None);
+        }
+        match crate::tls::kernel_offers_tls() {
+            Ok(()) => (true, None),
+            Err(why) => {
+                let asked = self.io.name();
+                self.io = IoMode::Copy;
+                (
+                    false,
+                    Some(format!(
+                        "{asked}: TLS records are sealed in user space, so blocks are copied \
+                         through it (the kernel offers no TLS: {why})"
+                    )),
+                )
+            }
+        }
     }
 
     /// The checks every block of this session carries (`digest::check_flags`).

@@ -12,6 +12,12 @@
 //! handshake (a round trip or two) gets through; authenticated sessions are counted apart;
 //! and an address that keeps failing to authenticate is turned away for a while.
 //!
+//! Every connection is TLS unless the server was started with `--allow-unencrypted` and
+//! the client asked for none: the first byte a client sends tells (a TLS handshake record,
+//! or the plaintext preamble's `W`), and the greeting rides in TLS's first flight. A
+//! plaintext client the server does not allow gets a greeting that is a refusal naming
+//! the flags. Without TLS, control frames after the proofs and every block carry a MAC.
+//!
 //! A failing or panicking session ends alone, the listener goes on. On a signal to stop
 //! the server stops accepting, lets every session end the way an interrupted one does (its
 //! partial files journaled for the next run), and returns within a bound.
@@ -23,10 +29,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use wanxfer_proto::handshake::{Authenticated, ServerHandshake, Step};
+use wanxfer_proto::handshake::{Authenticated, ServerHandshake, Side, Step};
 use wanxfer_proto::{
     features, session_flags, ConnectionKind, Direction, ErrorMsg, FabricEndpoint, FailureClass,
-    Message, OpenSession, Stats, TransportKind,
+    Message, OpenSession, Preamble, Stats, TransportKind,
 };
 use wanxfer_session::negotiate::{self, Limits};
 
@@ -34,11 +40,14 @@ use super::conn::{self, Deadline};
 use super::driver::{Driver, Event, Events, Outcome, Setup};
 use super::state::StateDir;
 use super::{random, Params, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
+use crate::digest::BlockKey;
 use crate::fs::Root;
 use crate::pool::Cancel;
 use crate::progress::{CpuMeter, Progress};
 use crate::sink::{Placement, Sink, SinkLimits};
 use crate::source::Source;
+use crate::stream::Stream;
+use crate::tls::ServerIdentity;
 use crate::transport::fabric::{self, FabricTransport, SlotPlan};
 use crate::transport::{Joined, TcpTransport};
 use crate::Error;
@@ -83,6 +92,11 @@ pub struct ServerLimits {
     pub max_auth_failures: u32,
     /// How long a stopping server waits for its sessions to end.
     pub drain_timeout: Duration,
+    /// The TLS certificate and key (`--cert`/`--key`); without one the server uses the
+    /// one it created in its state directory (or, without that, one for this run).
+    pub identity: Option<ServerIdentity>,
+    /// Clients may ask for no encryption (`--allow-unencrypted`).
+    pub allow_unencrypted: bool,
 }
 
 impl Default for ServerLimits {
@@ -109,6 +123,8 @@ impl Default for ServerLimits {
             durable: true,
             max_auth_failures: 10,
             drain_timeout: Duration::from_secs(10),
+            identity: None,
+            allow_unencrypted: false,
         }
     }
 }
@@ -252,6 +268,8 @@ pub struct Server {
 struct Shared {
     root: Root,
     secret: Vec<u8>,
+    tls: Arc<rustls::ServerConfig>,
+    identity: ServerIdentity,
     limits: ServerLimits,
     state: Option<StateDir>,
     registry: Registry,
@@ -275,6 +293,12 @@ impl Server {
             .as_deref()
             .map(StateDir::open)
             .transpose()?;
+        let identity = match (&limits.identity, &limits.state_dir) {
+            (Some(identity), _) => identity.clone(),
+            (None, Some(dir)) => ServerIdentity::load_or_create(dir)?,
+            (None, None) => ServerIdentity::ephemeral()?,
+        };
+        let tls = identity.server_config()?;
         let listener =
             TcpListener::bind(addr).map_err(|e| Error::network("listening on", addr, e))?;
         Ok(Server {
@@ -282,6 +306,8 @@ impl Server {
             shared: Arc::new(Shared {
                 root,
                 secret,
+                tls,
+                identity,
                 limits,
                 state,
                 registry: Registry::default(),
@@ -291,6 +317,11 @@ impl Server {
                 stopping: Cancel::default(),
             }),
         })
+    }
+
+    /// The certificate clients see, for the operator to print and compare.
+    pub fn identity(&self) -> &ServerIdentity {
+        &self.shared.identity
     }
 
     pub fn local_addr(&self) -> Result<SocketAddr, Error> {
@@ -422,18 +453,15 @@ struct Connection {
 }
 
 impl Connection {
-    fn run(mut self, mut stream: TcpStream) {
+    fn run(mut self, tcp: TcpStream) {
         let limits = &self.shared.limits;
-        conn::tune_socket(&stream, limits.stall_timeout);
+        conn::tune_socket(&tcp, limits.stall_timeout);
         let deadline = Deadline::after(limits.handshake_timeout);
         let result = random().and_then(|nonce| {
             let mut handshake = ServerHandshake::new(&self.shared.secret, nonce, self.features());
-            conn::write_all_by(
-                &mut stream,
-                &conn::greeting(&handshake.hello()),
-                deadline,
-                &self.peer,
-            )?;
+            let greeting = conn::greeting(&handshake.hello());
+            let mut stream = self.secure(tcp, &greeting, deadline)?;
+            handshake.set_binding(stream.binding());
             match conn::read_preamble(&mut stream, deadline, &self.peer)? {
                 ConnectionKind::Control => self.control(stream, deadline, &mut handshake),
                 ConnectionKind::Data => self.join_channel(stream, deadline, &nonce),
@@ -448,6 +476,33 @@ impl Connection {
         }
     }
 
+    /// TLS, or plaintext where allowed, as the client's first byte says; the greeting
+    /// goes out in the server's first flight either way.
+    fn secure(&self, tcp: TcpStream, greeting: &[u8], deadline: Deadline) -> Result<Stream, Error> {
+        let first = peek_first(&tcp, deadline, &self.peer)?;
+        if first == crate::tls::HANDSHAKE_RECORD {
+            return crate::tls::accept(tcp, &self.shared.tls, greeting, deadline, &self.peer);
+        }
+        let mut stream = Stream::plain(tcp);
+        if !self.shared.limits.allow_unencrypted {
+            let mut refusal = Preamble::new(ConnectionKind::Server).encode().to_vec();
+            refusal.extend_from_slice(&conn::frames(&[&Message::Error(ErrorMsg::new(
+                FailureClass::Refused,
+                "this server requires encryption: the client asked for none \
+                 (--no-encryption), which a server accepts only when started with \
+                 --allow-unencrypted",
+            ))]));
+            let _ = conn::write_all_by(&mut stream, &refusal, deadline, &self.peer);
+            return Err(Error::Usage(format!(
+                "{}: refused a client without encryption (start with --allow-unencrypted to \
+                 accept it)",
+                self.peer
+            )));
+        }
+        conn::write_all_by(&mut stream, greeting, deadline, &self.peer)?;
+        Ok(stream)
+    }
+
     fn features(&self) -> u64 {
         let mut offered = features::SUPPORTED;
         if self.shared.limits.fabric_provider.is_none() {
@@ -459,7 +514,7 @@ impl Connection {
         offered
     }
 
-    fn refuse(stream: &mut TcpStream, class: FailureClass, text: &str, peer: &str) {
+    fn refuse(stream: &mut Stream, class: FailureClass, text: &str, peer: &str) {
         let msg = Message::Error(ErrorMsg::new(class, text));
         let _ = conn::write_all_by(
             stream,
@@ -471,7 +526,7 @@ impl Connection {
 
     fn join_channel(
         &mut self,
-        mut stream: TcpStream,
+        mut stream: Stream,
         deadline: Deadline,
         nonce: &[u8; 32],
     ) -> Result<(), Error> {
@@ -491,8 +546,13 @@ impl Connection {
         let found = sessions
             .get(&join.session_id)
             .filter(|e| {
-                e.auth
-                    .verify_channel(&join.session_id, join.index, nonce, &join.proof)
+                e.auth.verify_channel(
+                    &join.session_id,
+                    join.index,
+                    nonce,
+                    &stream.binding(),
+                    &join.proof,
+                )
             })
             .map(|e| e.events.clone());
         drop(sessions);
@@ -529,7 +589,7 @@ impl Connection {
 
     fn control(
         &mut self,
-        mut stream: TcpStream,
+        mut stream: Stream,
         deadline: Deadline,
         handshake: &mut ServerHandshake,
     ) -> Result<(), Error> {
@@ -557,12 +617,15 @@ impl Connection {
                     conn::write_all_by(&mut stream, &conn::frames(&[&reply]), deadline, &self.peer)?
                 }
                 Ok(Step::SendAndDone(reply, auth)) => {
+                    // Without encryption, everything after the proofs carries MACs.
+                    stream.authenticate_reads(auth.control_key(Side::Client));
                     conn::write_all_by(
                         &mut stream,
                         &conn::frames(&[&reply]),
                         deadline,
                         &self.peer,
                     )?;
+                    stream.authenticate_writes(auth.control_key(Side::Server));
                     break auth;
                 }
                 Ok(Step::Done(auth)) => break auth,
@@ -666,7 +729,7 @@ impl Connection {
 
     fn session(
         &self,
-        stream: TcpStream,
+        stream: Stream,
         auth: Authenticated,
         request: OpenSession,
     ) -> Result<(), Error> {
@@ -683,7 +746,7 @@ impl Connection {
 
     fn run_session(
         &self,
-        mut stream: TcpStream,
+        mut stream: Stream,
         auth: Authenticated,
         request: &OpenSession,
         cancel: Cancel,
@@ -722,6 +785,12 @@ impl Connection {
         let mut params =
             Params::from_accepted(&accepted, &request.transfer_id, &tuning, auth.negotiated());
         params.resolve_io(conn::peer_on_this_host(&stream));
+        let (kernel_tls, io_note) = params.settle_for_tls(&stream);
+        let unencrypted = !stream.is_encrypted();
+        if unencrypted {
+            params.send_key = Some(BlockKey::new(auth.block_key(Side::Server)));
+        }
+        let receive_key = unencrypted.then(|| BlockKey::new(auth.block_key(Side::Client)));
         let fabric = match self.fabric_listener(request, &stream) {
             Ok(f) => f,
             Err(e) => {
@@ -757,7 +826,8 @@ impl Connection {
                     params.block_size as usize,
                     self.peer.clone(),
                     session_cancel.clone(),
-                )?;
+                )?
+                .with_receive_key(receive_key);
                 conn::write_all_by(
                     &mut stream,
                     &conn::frames(&[
@@ -781,12 +851,17 @@ impl Connection {
                     block_size: params.block_size as usize,
                     session_tag: params.session_tag,
                     io: params.io,
+                    receive_key,
+                    kernel_tls,
                 })
             }
         };
         let _ = stream.set_read_timeout(None);
         let _ = stream.set_write_timeout(None);
         let progress = Arc::new(Progress::default());
+        if let Some(note) = io_note {
+            let _ = progress.io_fallback.set(note);
+        }
         let started = Instant::now();
         let meter = Arc::new(CpuMeter::default());
         let (role, sink) = match role {
@@ -893,12 +968,21 @@ impl Connection {
     fn fabric_listener(
         &self,
         req: &OpenSession,
-        control: &TcpStream,
+        control: &Stream,
     ) -> Result<Option<(wanxfer_fabric::Listener, FabricEndpoint)>, Error> {
         match req.transport {
             TransportKind::Tcp => return Ok(None),
             TransportKind::Fabric => {}
             _ => return Err(Error::Usage("unknown transport".into())),
+        }
+        if control.is_encrypted() {
+            // RDMA writes land in our memory without passing through TLS; a fabric
+            // session runs only as an explicit unencrypted one, its blocks MAC'd.
+            return Err(Error::Usage(
+                "the fabric transport cannot be encrypted: the client must ask for \
+                 --no-encryption (and this server allow it with --allow-unencrypted)"
+                    .into(),
+            ));
         }
         let Some(provider) = &self.shared.limits.fabric_provider else {
             return Err(Error::Usage(
@@ -974,6 +1058,42 @@ impl Connection {
                 ))
             }
             _ => Err(Error::Usage("unknown direction".into())),
+        }
+    }
+}
+
+/// The first byte the client sends, within `deadline`, left in the socket.
+fn peek_first(tcp: &TcpStream, deadline: Deadline, peer: &str) -> Result<u8, Error> {
+    let mut byte = [0u8; 1];
+    loop {
+        let left = deadline.left().map_err(|()| {
+            Error::network(
+                "timed out waiting for",
+                peer,
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "no first byte in time"),
+            )
+        })?;
+        tcp.set_read_timeout(left)
+            .map_err(|e| Error::network("reading from", peer, e))?;
+        match tcp.peek(&mut byte) {
+            Ok(0) => {
+                return Err(Error::network(
+                    "connection closed by",
+                    peer,
+                    std::io::ErrorKind::UnexpectedEof.into(),
+                ))
+            }
+            Ok(_) => return Ok(byte[0]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(Error::network("timed out waiting for", peer, e))
+            }
+            Err(e) => return Err(Error::network("receiving from", peer, e)),
         }
     }
 }

@@ -25,7 +25,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,7 +40,7 @@ use wanxfer_proto::{
 use wanxfer_session::negotiate::{fabric_slot_len, FABRIC_HEADER_ROOM};
 
 use super::{check_header, seg_refs, Closer, Joined, Link, LinkEvent, PumpCtx, Transport};
-use crate::digest::PayloadVerifier;
+use crate::digest::{BlockKey, PayloadVerifier};
 use crate::fs::DIRECT_ALIGN;
 use crate::pool::{Block, Cancel, Pool, SlotArena, CANCEL_POLL};
 use crate::Error;
@@ -149,6 +149,9 @@ pub struct FabricTransport {
     session_tag: u64,
     max_payload: usize,
     side: Side,
+    /// The key the peer's blocks are tagged with: fabric sessions run only without
+    /// encryption (see `session::server`), so every block carries a MAC.
+    receive_key: Option<BlockKey>,
 }
 
 enum Side {
@@ -178,7 +181,14 @@ impl FabricTransport {
                 provider: provider.to_string(),
                 addr,
             },
+            receive_key: None,
         }
+    }
+
+    /// Requires the peer's blocks to carry a MAC under `key`.
+    pub fn with_receive_key(mut self, key: Option<BlockKey>) -> Self {
+        self.receive_key = key;
+        self
     }
 
     /// The server's side: accepts fabric channels on `listener` until `cancel`.
@@ -203,22 +213,24 @@ impl FabricTransport {
             session_tag,
             max_payload,
             side: Side::Server { pairing },
+            receive_key: None,
         })
     }
 
-    fn link(&self, channel: Channel, stream: TcpStream, index: u16) -> Box<dyn Link> {
+    fn link(&self, channel: Channel, stream: crate::stream::Stream, index: u16) -> Box<dyn Link> {
         self.names
             .lock()
             .expect("no panics while held")
             .get_or_insert_with(|| names(&channel));
         Box::new(FabricLink {
             channel,
-            closer: Closer::new(&stream),
+            closer: Closer::new(stream.tcp()),
             _binding: stream,
             index,
             plan: self.plan,
             session_tag: self.session_tag,
             max_payload: self.max_payload,
+            receive_key: self.receive_key.clone(),
             peer: self.peer.clone(),
         })
     }
@@ -399,11 +411,12 @@ pub fn names(channel: &Channel) -> FabricNames {
 struct FabricLink {
     channel: Channel,
     closer: Closer,
-    _binding: TcpStream,
+    _binding: crate::stream::Stream,
     index: u16,
     plan: SlotPlan,
     session_tag: u64,
     max_payload: usize,
+    receive_key: Option<BlockKey>,
     peer: String,
 }
 
@@ -440,6 +453,7 @@ impl Link for FabricLink {
             plan: self.plan,
             session_tag: self.session_tag,
             max_payload: self.max_payload,
+            receive_key: self.receive_key.clone(),
         };
         let FabricLink { channel, peer, .. } = *self;
         recv_blocks(channel, &limits, &out, ctx, &peer)
@@ -646,6 +660,7 @@ struct RecvLimits {
     plan: SlotPlan,
     session_tag: u64,
     max_payload: usize,
+    receive_key: Option<BlockKey>,
 }
 
 /// While some slots are held by writers, how often freed ones are looked for (the
@@ -750,7 +765,13 @@ fn take_block_in_place(
         .and_then(|b| b.try_into().ok())
         .ok_or_else(|| Error::protocol(peer, "block shorter than its header"))?;
     let header = BlockHeader::decode_fixed(&fixed).map_err(|e| Error::decode(peer, e))?;
-    check_header(&header, limits.session_tag, limits.max_payload, peer)?;
+    check_header(
+        &header,
+        limits.session_tag,
+        limits.max_payload,
+        limits.receive_key.is_some(),
+        peer,
+    )?;
     let table_end = BlockHeader::encoded_len(header.segment_count as usize);
     let table = bytes
         .get(BlockHeader::LEN..table_end)
@@ -758,6 +779,7 @@ fn take_block_in_place(
     header
         .decode_segments(&fixed, table, &mut segments)
         .map_err(|e| Error::decode(peer, e))?;
+    let mac_table = limits.receive_key.as_ref().map(|_| table.to_vec());
     let payload_len = header.payload_len as usize;
     let payload_start = payload_offset(table_end, &segments);
     if len != payload_start + payload_len {
@@ -772,6 +794,9 @@ fn take_block_in_place(
     block.start = payload_start;
     block.len = payload_len;
     let mut check = PayloadVerifier::new(&header, &block.segments);
+    if let (Some(key), Some(table)) = (&limits.receive_key, &mac_table) {
+        check = check.with_mac(key, &header, &fixed, table);
+    }
     check.update(&block.segments, block.payload());
     check.settle(block);
     Ok(())
@@ -785,6 +810,7 @@ mod tests {
 
     fn limits() -> RecvLimits {
         RecvLimits {
+            receive_key: None,
             plan: SlotPlan::new(1 << 20, 1),
             session_tag: TAG,
             max_payload: 1 << 20,
@@ -803,6 +829,7 @@ mod tests {
             payload_crc: 0,
             session_tag: TAG,
             sequence: 0,
+            mac: [0; 12],
         };
         let mut encoded = Vec::new();
         header.encode(&[seg], &mut encoded);

@@ -95,7 +95,7 @@ pub trait Transport: Send + Sync {
 /// bound to that connection).
 #[derive(Debug)]
 pub struct Joined {
-    pub stream: TcpStream,
+    pub stream: crate::stream::Stream,
     pub join: ChannelJoin,
 }
 
@@ -131,6 +131,8 @@ pub trait Link: Send {
 pub struct Closer(Option<Arc<TcpStream>>);
 
 impl Closer {
+    /// Holds only the socket: the stream itself stays with its one user (a sending link
+    /// may hand its records to the kernel, which needs it unshared).
     pub fn new(stream: &TcpStream) -> Closer {
         Closer(stream.try_clone().ok().map(Arc::new))
     }
@@ -256,10 +258,17 @@ pub(crate) fn check_header(
     header: &BlockHeader,
     session_tag: u64,
     max_payload: usize,
+    mac_required: bool,
     peer: &str,
 ) -> Result<(), Error> {
     if header.session_tag != session_tag {
         return Err(Error::protocol(peer, "block from another session"));
+    }
+    if mac_required && !header.has_mac() {
+        return Err(Error::protocol(
+            peer,
+            "a block without its MAC in a session without encryption (stripped on the path?)",
+        ));
     }
     if header.payload_len as usize > max_payload {
         return Err(Error::protocol(

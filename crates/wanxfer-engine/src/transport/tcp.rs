@@ -6,9 +6,15 @@
 //! the window, and the sender's write blocks — an explicit credit round trip would only
 //! add latency on a long path. Credits exist for transports without that property
 //! (RDMA, see [`super::fabric`]).
+//!
+//! Under TLS sealed in user space every byte must pass through rustls, so a block goes as
+//! one write of header and payload through the stream (a copy), and `sendfile` and
+//! `MSG_ZEROCOPY` are not used; the session says so in `io` and `io_fallback`. Where the
+//! kernel offers TLS the sending link hands its records to the kernel once joined
+//! (`Stream::offload_to_kernel`) and `sendfile` stays zero-copy.
 
-use std::io::{self, IoSlice, Write};
-use std::net::{Shutdown, TcpStream};
+use std::io::{self, IoSlice, Read, Write};
+use std::net::TcpStream;
 
 use crossbeam_channel::{Receiver, Sender};
 use wanxfer_proto::{BlockHeader, Segment, TransportKind};
@@ -17,9 +23,10 @@ use super::zerocopy::{self, InFlight};
 use super::{
     check_header, pump_in, pump_out, BlockRx, BlockTx, Closer, Joined, Link, PumpCtx, Transport,
 };
-use crate::digest::{PayloadVerifier, IN_CACHE_PIECE_BYTES};
+use crate::digest::{BlockKey, PayloadVerifier, IN_CACHE_PIECE_BYTES};
 use crate::pool::{Block, Cancel, FileRange, Pool};
 use crate::source::IoMode;
+use crate::stream::Stream;
 use crate::Error;
 
 /// Parallel TCP streams: each joined data connection is a link, and receiving links share
@@ -32,6 +39,11 @@ pub struct TcpTransport {
     pub session_tag: u64,
     /// How sending links send (`Zerocopy` turns on `MSG_ZEROCOPY`).
     pub io: IoMode,
+    /// A session without encryption: the key the peer's blocks must be tagged with.
+    pub receive_key: Option<BlockKey>,
+    /// Sending links move their TLS records to the kernel (it offers TLS, and `io` wants
+    /// `sendfile` or `MSG_ZEROCOPY`).
+    pub kernel_tls: bool,
 }
 
 impl Transport for TcpTransport {
@@ -53,12 +65,16 @@ impl Transport for TcpTransport {
 }
 
 impl TcpTransport {
-    fn link(&self, stream: TcpStream, index: u16) -> Result<Box<dyn Link>, Error> {
-        let closer = Closer::new(&stream);
+    fn link(&self, stream: Stream, index: u16) -> Result<Box<dyn Link>, Error> {
+        let closer = Closer::new(stream.tcp());
+        let mut channel =
+            TcpChannel::new(stream, self.peer.clone(), self.block_size, self.session_tag);
+        channel.receive_key = self.receive_key.clone();
         Ok(Box::new(TcpLink {
-            channel: TcpChannel::new(stream, self.peer.clone(), self.block_size, self.session_tag),
+            channel,
             index,
             zerocopy: self.io == IoMode::Zerocopy,
+            kernel_tls: self.kernel_tls,
             closer,
         }))
     }
@@ -68,6 +84,7 @@ struct TcpLink {
     channel: TcpChannel,
     index: u16,
     zerocopy: bool,
+    kernel_tls: bool,
     closer: Closer,
 }
 
@@ -81,7 +98,27 @@ impl Link for TcpLink {
     }
 
     fn send(mut self: Box<Self>, queue: Receiver<Block>, ctx: &PumpCtx) -> Result<(), Error> {
-        if self.zerocopy {
+        if self.kernel_tls && self.channel.stream.user_space_tls() {
+            let placeholder = Stream::plain(
+                self.channel
+                    .stream
+                    .tcp()
+                    .try_clone()
+                    .map_err(|e| self.channel.net("setting up the channel to", e))?,
+            );
+            let stream = std::mem::replace(&mut self.channel.stream, placeholder);
+            let (stream, why) = stream.offload_to_kernel();
+            self.channel.stream = stream;
+            if let Some(why) = why {
+                self.channel.note_fallback(Some(why));
+                if !self.channel.stream.is_encrypted() {
+                    return Err(Error::Internal(
+                        "a data channel lost its TLS while moving it to the kernel".into(),
+                    ));
+                }
+            }
+        }
+        if self.zerocopy && !self.channel.stream.user_space_tls() {
             self.channel.enable_zerocopy()?;
         }
         pump_out(&mut self.channel, &queue, ctx)
@@ -102,8 +139,10 @@ impl Link for TcpLink {
 /// A TCP stream carrying blocks.
 #[derive(Debug)]
 pub struct TcpChannel {
-    stream: TcpStream,
+    stream: Stream,
     peer: String,
+    /// A session without encryption: blocks must carry a tag under this key.
+    receive_key: Option<BlockKey>,
     /// Receive side: the largest payload we accept (the negotiated block size).
     max_payload: usize,
     session_tag: u64,
@@ -115,10 +154,11 @@ pub struct TcpChannel {
 }
 
 impl TcpChannel {
-    pub fn new(stream: TcpStream, peer: String, max_payload: usize, session_tag: u64) -> Self {
+    pub fn new(stream: Stream, peer: String, max_payload: usize, session_tag: u64) -> Self {
         TcpChannel {
             stream,
             peer,
+            receive_key: None,
             max_payload,
             session_tag,
             table: Vec::new(),
@@ -138,7 +178,7 @@ impl TcpChannel {
     /// [`super::zerocopy`]). Fails where the kernel does not offer it.
     pub fn enable_zerocopy(&mut self) -> Result<(), Error> {
         use std::os::fd::AsFd;
-        zerocopy::enable(self.stream.as_fd()).map_err(|e| {
+        zerocopy::enable(self.stream.tcp().as_fd()).map_err(|e| {
             Error::local(
                 "enable MSG_ZEROCOPY (--io zerocopy) on the connection to",
                 &self.peer,
@@ -154,7 +194,7 @@ impl TcpChannel {
     fn send_zerocopy(&mut self, block: Block) -> io::Result<()> {
         use std::os::fd::AsFd;
         let flight = self.zerocopy.as_mut().expect("called in zerocopy mode");
-        let socket = self.stream.as_fd();
+        let socket = self.stream.tcp().as_fd();
         let mut slices = [IoSlice::new(&block.header), IoSlice::new(block.payload())];
         let mut left: &mut [IoSlice<'_>] = &mut slices;
         while !left.is_empty() {
@@ -188,15 +228,21 @@ impl TcpChannel {
     /// byte and `clean_end_ok` is set; an end anywhere else is the peer vanishing.
     fn read_full(&mut self, buf: &mut [u8], clean_end_ok: bool) -> Result<bool, Error> {
         let mut got = 0;
+        let tls = self.stream.user_space_tls();
         while got < buf.len() {
-            // MSG_WAITALL: one wakeup per block instead of one per arriving segment burst.
-            let read = rustix::net::recv(
-                &self.stream,
-                &mut buf[got..],
-                rustix::net::RecvFlags::WAITALL,
-            )
-            .map(|(n, _)| n)
-            .map_err(io::Error::from);
+            let read = if tls {
+                (&self.stream).read(&mut buf[got..])
+            } else {
+                // MSG_WAITALL: one wakeup per block instead of one per arriving segment
+                // burst.
+                rustix::net::recv(
+                    self.stream.tcp(),
+                    &mut buf[got..],
+                    rustix::net::RecvFlags::WAITALL,
+                )
+                .map(|(n, _)| n)
+                .map_err(io::Error::from)
+            };
             match read {
                 Ok(0) if got == 0 && clean_end_ok => return Ok(false),
                 Ok(0) => {
@@ -221,12 +267,17 @@ impl BlockTx for TcpChannel {
                 .send_zerocopy(block)
                 .map_err(|e| self.net("sending to", e));
         }
+        if self.stream.user_space_tls() {
+            return self
+                .send_through_tls(&block)
+                .map_err(|e| self.net("sending to", e));
+        }
         let sent = match &block.file_range {
             None => {
                 let mut slices = [IoSlice::new(&block.header), IoSlice::new(block.payload())];
-                write_all_vectored(&mut self.stream, &mut slices)
+                write_all_vectored(self.stream.tcp(), &mut slices)
             }
-            Some(range) => send_from_file(&self.stream, &block.header, range, block.payload())
+            Some(range) => send_from_file(self.stream.tcp(), &block.header, range, block.payload())
                 .map(|refused| self.note_fallback(refused)),
         };
         sent.map_err(|e| self.net("sending to", e))
@@ -235,11 +286,11 @@ impl BlockTx for TcpChannel {
     fn finish(&mut self) -> Result<(), Error> {
         if let Some(flight) = &mut self.zerocopy {
             use std::os::fd::AsFd;
-            zerocopy::wait_until_held_at_most(self.stream.as_fd(), flight, 0)
+            zerocopy::wait_until_held_at_most(self.stream.tcp().as_fd(), flight, 0)
                 .map_err(|e| Error::network("waiting for the kernel to send to", &self.peer, e))?;
         }
         self.stream
-            .shutdown(Shutdown::Write)
+            .finish_writes()
             .map_err(|e| self.net("closing channel to", e))
     }
 
@@ -250,7 +301,7 @@ impl BlockTx for TcpChannel {
     fn reclaim(&mut self) -> Result<(), Error> {
         if let Some(flight) = &mut self.zerocopy {
             use std::os::fd::AsFd;
-            zerocopy::reap(self.stream.as_fd(), flight, std::time::Duration::ZERO)
+            zerocopy::reap(self.stream.tcp().as_fd(), flight, std::time::Duration::ZERO)
                 .map_err(|e| Error::network("reading send completions from", &self.peer, e))?;
             drop(flight.take_released().collect::<Vec<_>>());
         }
@@ -265,6 +316,37 @@ impl BlockTx for TcpChannel {
 
     fn io_fallback(&self) -> Option<&str> {
         self.io_fallback.as_deref()
+    }
+}
+
+impl TcpChannel {
+    /// A block through user-space TLS: header and payload in one write (rustls seals
+    /// them into records as they go), the payload from the buffer or, where the reader
+    /// left it in the file for `sendfile`, read from the file.
+    fn send_through_tls(&mut self, block: &Block) -> io::Result<()> {
+        let mut out = &self.stream;
+        match &block.file_range {
+            Some(range) if !range.in_buffer => {
+                out.write_all(&block.header)?;
+                let mut buf = vec![0u8; IN_CACHE_PIECE_BYTES];
+                let mut pos = range.offset;
+                let end = range.offset + block.len as u64;
+                use std::os::unix::fs::FileExt;
+                while pos < end {
+                    let n = (end - pos).min(buf.len() as u64) as usize;
+                    range.file.read_exact_at(&mut buf[..n], pos)?;
+                    out.write_all(&buf[..n])?;
+                    pos += n as u64;
+                }
+                Ok(())
+            }
+            _ => {
+                // The header goes as a small record of its own: joining it to the payload
+                // would copy the whole block once more.
+                out.write_all(&block.header)?;
+                out.write_all(block.payload())
+            }
+        }
     }
 }
 
@@ -296,7 +378,13 @@ impl BlockRx for TcpChannel {
             return Ok(None);
         }
         let header = BlockHeader::decode_fixed(&fixed).map_err(|e| Error::decode(&self.peer, e))?;
-        check_header(&header, self.session_tag, self.max_payload, &self.peer)?;
+        check_header(
+            &header,
+            self.session_tag,
+            self.max_payload,
+            self.receive_key.is_some(),
+            &self.peer,
+        )?;
         let mut table = std::mem::take(&mut self.table);
         table.resize(header.segment_count as usize * Segment::LEN, 0);
         let read = self.read_full(&mut table, false);
@@ -310,6 +398,9 @@ impl BlockRx for TcpChannel {
         decoded?;
         let len = header.payload_len as usize;
         let mut check = PayloadVerifier::new(&header, &block.segments);
+        if let Some(key) = &self.receive_key {
+            check = check.with_mac(key, &header, &fixed, &self.table);
+        }
         let (segments, space) = block.segments_and_space();
         for piece in space[..len].chunks_mut(IN_CACHE_PIECE_BYTES) {
             self.read_full(piece, false)?;
@@ -392,7 +483,7 @@ fn copy_range(
     Ok(())
 }
 
-fn write_all_vectored(stream: &mut TcpStream, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+fn write_all_vectored(mut stream: &TcpStream, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
     while !slices.is_empty() {
         match stream.write_vectored(slices) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),

@@ -4,6 +4,12 @@
 //!
 //! Every test gets its own server, root and secret, so tests run in parallel without
 //! sharing state, and a server that dies is noticed by the test that killed it only.
+//!
+//! Every connection is TLS, as by default. The servers of one test process share one
+//! certificate ([`test_identity`]): clients pin a server's fingerprint per `HOST:PORT`
+//! in the process's state directory, and two servers that happen to get the same port
+//! one after the other must not look like a server whose key was replaced. Tests of
+//! certificate changes pass their own `--cert`/`--key`.
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 use std::collections::BTreeMap;
@@ -44,6 +50,10 @@ impl Server {
     /// Serves `root` with `cmd` (a `wanxfer` invocation up to `serve --listen ADDR`, run
     /// where the caller wants, e.g. inside a network namespace).
     pub fn start_with(mut cmd: Command, root: &Path, extra: &[&str]) -> Server {
+        if !extra.contains(&"--cert") {
+            let (cert, key) = test_identity();
+            cmd.arg("--cert").arg(cert).arg("--key").arg(key);
+        }
         let log = root
             .parent()
             .expect("roots live in a temporary directory")
@@ -146,6 +156,11 @@ pub struct Run {
 }
 
 impl Run {
+    /// Runs `cmd` to completion.
+    pub fn from_cmd(mut cmd: Command) -> Run {
+        Run::from_output(cmd.output().expect("run wanxfer"))
+    }
+
     fn from_output(out: Output) -> Run {
         Run {
             code: out.status.code().unwrap_or(-1),
@@ -196,9 +211,25 @@ impl Run {
 }
 
 /// Where this test process's clients and servers keep their state (journals,
-/// placements): apart from the user's own, and from other test processes'.
+/// placements, pinned certificates): apart from the user's own, and from other test
+/// processes'.
 pub fn state_dir() -> PathBuf {
     std::env::temp_dir().join(format!("wanxfer-test-state-{}", std::process::id()))
+}
+
+/// The certificate and key every server of this test process presents (created on
+/// first use, as a server creates its own).
+pub fn test_identity() -> (PathBuf, PathBuf) {
+    static MADE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = MADE.get_or_init(|| {
+        let dir = state_dir().join("test-identity");
+        wanxfer_engine::tls::ServerIdentity::load_or_create(&dir).expect("a test certificate");
+        dir
+    });
+    (
+        dir.join(wanxfer_engine::tls::CERT_FILE),
+        dir.join(wanxfer_engine::tls::KEY_FILE),
+    )
 }
 
 /// A `wanxfer cp` command with the test secret and no progress bar.
@@ -251,6 +282,7 @@ where
     cmd.arg("cp")
         .args(args)
         .env("WANXFER_SECRET", SECRET)
+        .env("WANXFER_STATE_DIR", state_dir())
         .env_remove("RUST_LOG");
     Run::from_output(cmd.output().expect("run wanxfer cp"))
 }
@@ -286,6 +318,7 @@ where
         .arg(subcommand)
         .args(args)
         .env("WANXFER_SECRET", secret)
+        .env("WANXFER_STATE_DIR", state_dir())
         .env_remove("RUST_LOG")
         .output()
         .expect("run wanxfer");
