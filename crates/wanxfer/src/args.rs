@@ -327,10 +327,10 @@ pub struct ServeArgs {
     /// The TLS certificate chain (PEM) to present; with --key. Without them the server
     /// creates a key and a self-signed certificate in its state directory on first start
     /// and prints the fingerprint clients pin.
-    #[arg(long, value_name = "FILE", requires = "key")]
+    #[arg(long, value_name = "FILE")]
     pub cert: Option<PathBuf>,
     /// The private key (PEM) of --cert.
-    #[arg(long, value_name = "FILE", requires = "cert")]
+    #[arg(long, value_name = "FILE")]
     pub key: Option<PathBuf>,
     /// Also accept clients that ask for no encryption (cp --no-encryption): their files
     /// and names cross the network in plaintext, authenticated but readable by anyone on

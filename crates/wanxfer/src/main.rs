@@ -151,8 +151,18 @@ fn serve(args: ServeArgs) -> Result<(), Error> {
     let root = args.root()?;
     let secret = secret::for_server(args.secret_file.as_deref())?;
     let mut limits = args.limits(root);
-    if let (Some(cert), Some(key)) = (&args.cert, &args.key) {
-        limits.identity = Some(wanxfer_engine::tls::ServerIdentity::from_files(cert, key)?);
+    // Checked here rather than by clap's `requires`, which would also refuse a
+    // configuration file's keys checked one at a time.
+    match (&args.cert, &args.key) {
+        (Some(cert), Some(key)) => {
+            limits.identity = Some(wanxfer_engine::tls::ServerIdentity::from_files(cert, key)?);
+        }
+        (None, None) => {}
+        _ => {
+            return Err(Error::Usage(
+                "--cert and --key (or the keys cert and key) go together".into(),
+            ))
+        }
     }
     let server = Server::bind(&args.listen, root, secret, limits.clone())?;
     let addr = server.local_addr()?;
