@@ -35,7 +35,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use sha2::{Digest, Sha256};
 
-pub use crate::session::control::Deadline;
+pub use crate::session::conn::Deadline;
 use crate::Error;
 
 /// The cipher suites, fastest first on this CPU.
@@ -577,12 +577,12 @@ pub(crate) fn drive_handshake(
             let mut out = Vec::new();
             conn.write_tls(&mut out)
                 .map_err(|e| Error::network("sending to", peer, e))?;
-            crate::session::control::write_all_by(tcp, &out, deadline, peer)?;
+            crate::session::conn::write_all_by(tcp, &out, deadline, peer)?;
         }
         if !conn.is_handshaking() {
             return Ok(());
         }
-        let n = crate::session::control::read_some_by(tcp, &mut buf, deadline, peer, "TLS")?;
+        let n = crate::session::conn::read_some_by(tcp, &mut buf, deadline, peer, "TLS")?;
         let mut fed = &buf[..n];
         while !fed.is_empty() {
             conn.read_tls(&mut fed)
@@ -599,18 +599,14 @@ pub(crate) fn drive_handshake(
 }
 
 /// Connects to `server` as a client does (TLS unless `tls` is `None`), within
-/// `timeout`: for tools and tests that speak the protocol by hand.
+/// `timeout`, which also bounds how long a silent peer is waited for afterwards: for
+/// tools and tests that speak the protocol by hand.
 pub fn connect(
     server: &str,
     tls: Option<&ClientTls>,
     timeout: std::time::Duration,
 ) -> Result<crate::stream::Stream, Error> {
-    crate::session::control::connect_secure(
-        server,
-        tls,
-        Deadline::after(timeout),
-        crate::session::DEFAULT_STALL_TIMEOUT,
-    )
+    crate::session::conn::connect_secure(server, tls, Deadline::after(timeout), timeout)
 }
 
 /// The server's side of a TLS connection accepted on `tcp`: `greeting` goes out in the

@@ -13,7 +13,7 @@ use wanxfer_proto::ops::{ChecksumAlgorithm, ListEntry, Meta, OpReply, OpRequest,
 use wanxfer_proto::{FailureClass, Message, RelPath};
 
 use crate::session::client::open_control;
-use crate::session::control::{read_message, Control};
+use crate::session::conn::{read_message, Control};
 use crate::session::ClientConfig;
 use crate::Error;
 

@@ -14,7 +14,7 @@ use wanxfer_proto::ops::{OpError, OpFailure, OpReply, OpRequest, RemoveMode};
 use wanxfer_proto::{ErrorMsg, FailureClass, Message};
 
 use crate::fs::Root;
-use crate::session::control::{read_message, Control};
+use crate::session::conn::{read_message, Control};
 use crate::Error;
 
 /// How often a long operation tells the client it is still at work: far below any

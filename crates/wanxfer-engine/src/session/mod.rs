@@ -9,9 +9,9 @@
 //! everything the session does; [`conn`] is the framing and the deadlines.
 
 pub mod client;
+/// Framing, deadlines and the control connection's threads; remote operations and the
+/// TLS layer use them too.
 pub(crate) mod conn;
-/// What remote operations share with sessions: framing and a connection's control.
-pub(crate) use conn as control;
 pub mod driver;
 pub mod server;
 pub mod state;
