@@ -398,7 +398,10 @@ mod tests {
         let held = shared.clone();
         shared.remove();
         held.append(&[Record::Closed { file: n }]).unwrap();
-        assert!(!state.journal_path(&[3; 16]).exists(), "the journal is gone");
+        assert!(
+            !state.journal_path(&[3; 16]).exists(),
+            "the journal is gone"
+        );
         assert!(state
             .journal([3; 16], root)
             .unwrap()
