@@ -435,8 +435,49 @@ fn a_pull_from_a_stopped_server_ends_with_a_network_error() {
 // Item 8: memory budgets.
 // ---------------------------------------------------------------------------------------
 
+/// The client's budget for one session's block buffers (`Tuning::max_memory`).
+const CLIENT_BUDGET_KIB: u64 = 1 << 20;
 /// What a process needs beside its block buffers: code, threads' stacks, bookkeeping.
 const MARGIN_KIB: u64 = 96 << 10;
+
+/// Item 8, the client: absurd thread counts, streams and block sizes are clamped and
+/// fitted into the client's memory budget, pushing and pulling.
+#[test]
+fn absurd_tuning_keeps_the_client_within_its_memory_budget() {
+    let site = Site::new();
+    let src = site.path("f.bin");
+    write_pattern(&src, 256 << 20, 8);
+    let greedy = ["--streams=64", "--block-size=64MiB", "--retries=0"];
+    let mut push = cp_command(greedy);
+    push.args([
+        os("--readers=100000"),
+        src.clone().into(),
+        site.server.url("f.bin"),
+    ]);
+    let (run, peak) = run_measured(push, HANG);
+    run.assert_ok();
+    eprintln!("pushing client peak RSS: {peak} KiB");
+    assert!(
+        peak < CLIENT_BUDGET_KIB + MARGIN_KIB,
+        "pushing client peak RSS {peak} KiB"
+    );
+    let back = site.path("back.bin");
+    let mut pull = cp_command(greedy);
+    pull.args([
+        os("--writers=100000"),
+        site.server.url("f.bin"),
+        back.clone().into(),
+    ]);
+    let (run, peak) = run_measured(pull, HANG);
+    run.assert_ok();
+    eprintln!("pulling client peak RSS: {peak} KiB");
+    assert!(
+        peak < CLIENT_BUDGET_KIB + MARGIN_KIB,
+        "pulling client peak RSS {peak} KiB"
+    );
+    assert_eq!(node(&src), node(&site.root().join("f.bin")));
+    assert_eq!(node(&src), node(&back));
+}
 
 /// Item 8, the server: a client asking for 32 streams of 16 MiB blocks, 32 deep, gets a
 /// session that fits `--max-session-memory`, pushing and pulling.

@@ -352,13 +352,14 @@ fn run_once(
         ClientJob::Push { .. } => state.placement(id),
         ClientJob::Pull { .. } => None,
     };
-    let request = open_request(job, &cfg.tuning, *id, pinned.unwrap_or(Wire::Resolve));
+    // Fitted into this side's memory budget before asking: the server only lowers.
+    let tuning = cfg.tuning.fitted(matches!(job, ClientJob::Pull { .. }));
+    let request = open_request(job, &tuning, *id, pinned.unwrap_or(Wire::Resolve));
     let agreed = handshake(cfg, request)?;
     if let ClientJob::Push { .. } = job {
         state.set_placement(id, agreed.accepted.placement)?;
     }
-    let mut params =
-        Params::from_accepted(&agreed.accepted, id, &cfg.tuning, agreed.auth.negotiated());
+    let mut params = Params::from_accepted(&agreed.accepted, id, &tuning, agreed.auth.negotiated());
     params.resolve_io(conn::peer_on_this_host(&agreed.stream));
     let transport: Arc<dyn crate::transport::Transport> =
         match (&cfg.tuning.transport, agreed.fabric_port) {
