@@ -398,6 +398,105 @@ fn served_next(site: &Site) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Item 5: a source that changes while it is sent.
+// ---------------------------------------------------------------------------------------
+
+const CHANGING_LEN: u64 = 96 << 20;
+
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    /// Bytes near the end rewritten in place, the modification time put back.
+    Overwrite,
+    Append,
+    /// Cut to less than the sender has already queued.
+    Truncate,
+}
+
+impl Change {
+    fn apply(self, path: &Path) {
+        match self {
+            Change::Overwrite => {
+                use std::os::unix::fs::FileExt;
+                let mtime = fs::metadata(path).unwrap().modified().unwrap();
+                let file = fs::OpenOptions::new().write(true).open(path).unwrap();
+                file.write_all_at(&pattern_bytes(1 << 20, 77), CHANGING_LEN - (2 << 20))
+                    .unwrap();
+                file.set_modified(mtime).unwrap();
+            }
+            Change::Append => {
+                let mut file = fs::OpenOptions::new().append(true).open(path).unwrap();
+                file.write_all(&pattern_bytes(1 << 20, 78)).unwrap();
+            }
+            Change::Truncate => {
+                let file = fs::OpenOptions::new().write(true).open(path).unwrap();
+                file.set_len(2 << 20).unwrap();
+            }
+        }
+    }
+}
+
+/// Item 5: with each way of sending file bytes, a file overwritten in place (its
+/// modification time put back), appended to, or truncated while it is sent is never
+/// reported verified and never appears under its final name; it fails alone, named as
+/// changed, the other files land, and no data channel is lost over it (a block sent from
+/// the page cache of a file cut short used to kill its channel).
+fn a_source_changed_while_sent_fails_alone(io: &str) {
+    let site = Site::new();
+    let pristine = site.path("pristine.bin");
+    write_pattern(&pristine, CHANGING_LEN, 5);
+    for change in [Change::Overwrite, Change::Append, Change::Truncate] {
+        let src = site.path(&format!("src-{change:?}"));
+        fs::create_dir(&src).unwrap();
+        let changing = src.join("changing.bin");
+        fs::copy(&pristine, &changing).unwrap();
+        let others = src.join("others");
+        bystanders(&others);
+        let dest = format!("dest-{change:?}");
+        let client = spawn_piped(cp_loud_command([
+            os("--json"),
+            os("--retries=0"),
+            os("--readers=1"),
+            os("--streams=1"),
+            os(&format!("--block-size={RACE_BLOCK}")),
+            os(&format!("--io={io}")),
+            changing.clone().into(),
+            others.clone().into(),
+            site.server.url(&format!("{dest}/")),
+        ]));
+        while_in_flight(site.root(), site.server.pid(), || change.apply(&changing));
+        let run = finish_within(client, HANG);
+        let what = format!("{change:?} with --io {io}: {run:#?}");
+        assert_ne!(run.code, 0, "{what}");
+        let json = run.json();
+        assert_eq!(json["failed_files"], 1, "{what}");
+        let message = json["failed"][0]["message"].as_str().unwrap_or_default();
+        eprintln!("{change:?} with --io {io}: exit {}, {message}", run.code);
+        assert!(
+            message.contains("changing.bin")
+                && (message.contains("changed") || message.contains("shrank")),
+            "{what}"
+        );
+        // A file that changed is this side's business, not the network's: no data
+        // channel is torn down over it.
+        assert!(!run.stderr.contains("data channel"), "{what}");
+        let landed = site.root().join(&dest);
+        assert!(!landed.join("changing.bin").exists(), "{what}");
+        assert_bystanders(&others, &landed.join("others"));
+        assert_eq!(temp_files(site.root()), Vec::<String>::new(), "{what}");
+    }
+}
+
+#[test]
+fn a_source_changed_while_copied_fails_alone() {
+    a_source_changed_while_sent_fails_alone("copy");
+}
+
+#[test]
+fn a_source_changed_while_sent_from_the_page_cache_fails_alone() {
+    a_source_changed_while_sent_fails_alone("sendfile");
+}
+
+// ---------------------------------------------------------------------------------------
 // Item 6: a peer that stops.
 // ---------------------------------------------------------------------------------------
 
