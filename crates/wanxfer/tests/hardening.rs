@@ -681,3 +681,52 @@ fn files_pushed_to_dev_null_are_refused_not_discarded() {
     }
     assert!(snapshot(site.root()).is_empty());
 }
+
+/// Item 10: special files (a FIFO, a socket) are skipped, and the side that did not see
+/// them is told: a pull reports what the server skipped (paths relative to what was asked
+/// for, never the server's own), on stderr and in `--json`'s `skipped`; a push reports what
+/// the client skipped.
+#[test]
+fn skipped_special_files_are_reported_both_ways() {
+    let site = Site::new();
+    let served = site.root().join("tree");
+    bystanders(&served);
+    let fifo = served.join("sub/a-fifo");
+    swap_in_fifo(&fifo);
+    let _socket = std::os::unix::net::UnixListener::bind(served.join("a-socket")).unwrap();
+
+    let local = site.path("local");
+    let json = cp([os("--json"), site.server.url("tree"), local.clone().into()])
+        .assert_ok()
+        .json();
+    let mut skipped: Vec<String> = json["skipped"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{json}"))
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect();
+    skipped.sort();
+    assert_eq!(skipped.len(), 2, "{json}");
+    assert!(skipped[0].ends_with("tree/a-socket"), "{json}");
+    assert!(skipped[1].ends_with("tree/sub/a-fifo"), "{json}");
+    let root = site.root().display().to_string();
+    assert!(
+        skipped.iter().all(|s| !s.contains(&root)),
+        "the server's own paths are not the client's business: {json}"
+    );
+    assert_bystanders(&served, &local);
+    assert!(!local.join("sub/a-fifo").exists() && !local.join("a-socket").exists());
+    let noted = cp_with_notes([site.server.url("tree"), site.path("again").into()]);
+    noted
+        .assert_ok()
+        .assert_stderr_mentions("skipped")
+        .assert_stderr_mentions("sub/a-fifo");
+
+    // Pushing: the client's own.
+    let pushed = cp_with_notes([served.as_os_str(), &site.server.url("pushed")]);
+    pushed
+        .assert_ok()
+        .assert_stderr_mentions("skipped")
+        .assert_stderr_mentions("a-socket");
+    assert_bystanders(&served, &site.root().join("pushed"));
+}
