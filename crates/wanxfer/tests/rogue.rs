@@ -1072,6 +1072,44 @@ fn forged_operations_are_refused_and_the_server_serves_on() {
     site.assert_unharmed();
 }
 
+/// Issue 16 items 3 and 10: failed authentications are rate limited per address. After
+/// ten wrong secrets from one address, the next attempt from it (even with the right
+/// secret) is turned away, and told why rather than that the secrets differ; another
+/// address gets in meanwhile, and the server logs the refusal.
+#[test]
+fn repeated_wrong_secrets_are_turned_away_while_other_addresses_get_in() {
+    let site = Site::new();
+    let src = site.path("f");
+    fs::write(&src, b"data").unwrap();
+    for _ in 0..10 {
+        cp_with_secret(
+            "a-wrong-secret-of-decent-length-0123456789",
+            [
+                "--retries=0".as_ref(),
+                src.as_os_str(),
+                &site.server.url("f"),
+            ],
+        )
+        .assert_code(3)
+        .assert_stderr_mentions("secret");
+    }
+    cp([
+        "--retries=0".as_ref(),
+        src.as_os_str(),
+        &site.server.url("f"),
+    ])
+    .assert_code(3)
+    .assert_stderr_mentions("too many failed authentications");
+    let (_peer, _) = RawPeer::authenticate_from(
+        &site.server,
+        SECRET,
+        Some(std::net::Ipv4Addr::new(127, 0, 0, 2)),
+    );
+    assert!(!site.root().join("f").exists());
+    let log = site.server.log();
+    assert!(log.contains("turned away"), "{log}");
+}
+
 /// Issue 16 item 6: a client that authenticates, opens a push session, announces a large
 /// file and sends one block of it (so the server reserves the file's whole size), then
 /// goes silent, is ended by the server within its stall timeout (a few seconds more at

@@ -457,6 +457,7 @@ impl Connection {
             Deadline::after(Duration::from_secs(1)),
             peer,
         );
+        close_after_refusal(stream);
     }
 
     fn join_channel(
@@ -566,6 +567,7 @@ impl Connection {
                         deadline,
                         &self.peer,
                     );
+                    close_after_refusal(&mut stream);
                     return Err(Error::handshake(&self.peer, e));
                 }
             }
@@ -964,6 +966,31 @@ impl Connection {
                 ))
             }
             _ => Err(Error::Usage("unknown direction".into())),
+        }
+    }
+}
+
+/// Ends a refused connection so that the client gets to read why. Closing a socket
+/// with input still unread (the request a client sends with its proof, the `Hello` it
+/// sends with its preamble) makes the kernel reset the connection, and a reset can
+/// overtake the refusal: the client then saw "connection reset" (a network error, which it
+/// retries) instead of, say, its address being turned away for failing too often. So our
+/// end is closed first and what the client still sends is read and dropped, for a moment
+/// and a few kilobytes at most, until it hangs up.
+fn close_after_refusal(stream: &mut TcpStream) {
+    use std::io::Read;
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let until = Instant::now() + Duration::from_secs(1);
+    let mut scratch = [0u8; 4096];
+    let mut budget = 64usize << 10;
+    while budget > 0 {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
+        match stream.read(&mut scratch) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => budget = budget.saturating_sub(n),
         }
     }
 }
