@@ -338,8 +338,9 @@ fn a_fifo_swapped_in_on_the_pushing_side_fails_alone() {
         swap_in_fifo(&tree.join("z-small"))
     });
     let run = finish_within(client, HANG);
+    // The first failure in its own words ("open PATH: ..."), not rebuilt from them.
     run.assert_code(7)
-        .assert_stderr_mentions("1 file(s) failed")
+        .assert_stderr_mentions("1 file(s) failed; first: open ")
         .assert_stderr_mentions("z-small: not a regular file");
     let dest = site.root().join("dest");
     assert_eq!(
@@ -373,9 +374,12 @@ fn a_fifo_swapped_in_on_the_serving_side_fails_alone() {
     let pid = client.id() as i32;
     while_in_flight(&local, pid, || swap_in_fifo(&tree.join("z-small")));
     let run = finish_within(client, HANG);
-    run.assert_code(8)
-        .assert_stderr_mentions("1 file(s) failed")
-        .assert_stderr_mentions("tree/z-small: not a regular file");
+    // Named as the client named it, relative to the served root, in the server's words.
+    let first = format!(
+        "1 file(s) failed; first: {} reported: open tree/z-small: not a regular file",
+        site.server.addr
+    );
+    run.assert_code(8).assert_stderr_mentions(&first);
     assert_eq!(
         fs::metadata(local.join("a-big.bin")).unwrap().len(),
         96 << 20
