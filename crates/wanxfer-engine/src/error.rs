@@ -108,7 +108,7 @@ impl Error {
 
     pub fn handshake(peer: impl Display, e: HandshakeError) -> Self {
         match e {
-            HandshakeError::BadProof => Error::Auth {
+            HandshakeError::BadProof | HandshakeError::Denied(_) => Error::Auth {
                 peer: peer.to_string(),
                 detail: e.to_string(),
             },

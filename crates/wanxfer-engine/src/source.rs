@@ -86,7 +86,8 @@ impl Source {
             items.push(SourceItem {
                 base: Arc::new(base),
                 name: name.to_vec(),
-                shown: root.show(rel).into(),
+                // Named as the client named it: the served root is not its business.
+                shown: rel.to_string().into(),
                 absolute: rel.as_bytes().into(),
             });
         }

@@ -609,6 +609,17 @@ pub fn connect(
     crate::session::conn::connect_secure(server, tls, Deadline::after(timeout), timeout)
 }
 
+/// As [`connect`], on a TCP connection the caller made (from an address of its
+/// choosing, say).
+pub fn connect_over(
+    tcp: TcpStream,
+    server: &str,
+    tls: Option<&ClientTls>,
+    timeout: std::time::Duration,
+) -> Result<crate::stream::Stream, Error> {
+    crate::session::conn::secure(tcp, server, tls, Deadline::after(timeout))
+}
+
 /// The server's side of a TLS connection accepted on `tcp`: `greeting` goes out in the
 /// server's first flight, and the handshake completes within `deadline`.
 pub fn accept(

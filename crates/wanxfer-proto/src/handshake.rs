@@ -79,6 +79,11 @@ pub enum HandshakeError {
     BadProof,
     #[error("peer refused: {0}")]
     Refused(String),
+    /// The server would not authenticate this client, and said why in its own words:
+    /// the secrets differ, or this address failed too often and must wait. (A client
+    /// with the right secret, turned away for a while, must not be told it is wrong.)
+    #[error("{0}")]
+    Denied(String),
     #[error("peer speaks protocol version {0}, this build speaks {PROTOCOL_VERSION}")]
     Version(u16),
     #[error("unexpected {0} during the handshake")]
@@ -228,7 +233,7 @@ pub fn hello(nonce: [u8; 32], features: u64) -> Message {
 fn refused(msg: &ErrorMsg) -> HandshakeError {
     let text = String::from_utf8_lossy(&msg.message).into_owned();
     match msg.class {
-        FailureClass::Auth => HandshakeError::BadProof,
+        FailureClass::Auth => HandshakeError::Denied(text),
         _ => HandshakeError::Refused(text),
     }
 }
@@ -415,7 +420,7 @@ impl ServerHandshake {
     pub fn auth_failed() -> Message {
         Message::Error(ErrorMsg::new(
             FailureClass::Auth,
-            "authentication failed: check the shared secret (--secret-file or WANXFER_SECRET)",
+            "the shared secrets differ: check --secret-file or WANXFER_SECRET on both sides",
         ))
     }
 }
@@ -452,7 +457,8 @@ mod tests {
             Ok(Step::SendAndDone(ok, auth)) => (ok, auth),
             Ok(other) => panic!("unexpected {other:?}"),
             Err(e) => {
-                c.handle(ServerHandshake::auth_failed())?;
+                let told = c.handle(ServerHandshake::auth_failed());
+                assert!(matches!(told, Err(HandshakeError::Denied(_))), "{told:?}");
                 return Err(e);
             }
         };

@@ -86,24 +86,18 @@ pub fn clamp(
     } else {
         TransportKind::Tcp
     };
-    let mut streams = req.streams.clamp(1, limits.max_streams.max(1));
     let max_block = limits
         .max_block_size
         .clamp(MIN_BLOCK_SIZE, MAX_BLOCK_PAYLOAD);
-    let mut block_size = align_block(req.block_size.clamp(MIN_BLOCK_SIZE, max_block));
-    let mut depth = req.depth.clamp(1, limits.max_depth.max(1));
+    let (streams, depth, block_size) = fit(
+        transport,
+        req.streams.clamp(1, limits.max_streams.max(1)),
+        req.depth.clamp(1, limits.max_depth.max(1)),
+        align_block(req.block_size.clamp(MIN_BLOCK_SIZE, max_block)),
+        limits.disk_threads,
+        limits.max_memory,
+    );
     let fits = |s, d, b| memory(transport, s, d, b, limits.disk_threads) <= limits.max_memory;
-    while !fits(streams, depth, block_size) {
-        if depth > 1 {
-            depth -= 1;
-        } else if streams > 1 {
-            streams -= 1;
-        } else if block_size > MIN_BLOCK_SIZE {
-            block_size = align_block((block_size / 2).max(MIN_BLOCK_SIZE));
-        } else {
-            break; // the smallest session there is
-        }
-    }
     // Channels may join later. Over TCP they share the session's pool; a fabric receiver
     // registers slots per channel, so only as many as the budget holds may join.
     let mut max_streams = limits.max_streams.max(streams);
@@ -122,6 +116,33 @@ pub fn clamp(
         max_streams,
         placement,
     }
+}
+
+/// Lowers depth, then streams, then the block size (halving it, never below
+/// [`MIN_BLOCK_SIZE`]) until a side with `disk_threads` holds at most `max_memory` of
+/// buffers, or there is nothing left to lower. The server fits its answer with this, and
+/// a client its request, each within its own budget.
+pub fn fit(
+    transport: TransportKind,
+    mut streams: u16,
+    mut depth: u16,
+    mut block_size: u32,
+    disk_threads: u32,
+    max_memory: u64,
+) -> (u16, u16, u32) {
+    let fits = |s, d, b| memory(transport, s, d, b, disk_threads) <= max_memory;
+    while !fits(streams, depth, block_size) {
+        if depth > 1 {
+            depth -= 1;
+        } else if streams > 1 {
+            streams -= 1;
+        } else if block_size > MIN_BLOCK_SIZE {
+            block_size = align_block((block_size / 2).max(MIN_BLOCK_SIZE));
+        } else {
+            break; // the smallest session there is
+        }
+    }
+    (streams, depth, block_size)
 }
 
 fn align_block(size: u32) -> u32 {

@@ -302,16 +302,6 @@ fn twenty_thousand_small_files_push_and_pull() {
     );
 }
 
-/// A process's peak resident set (VmHWM), in KiB.
-fn peak_rss_kib(pid: i32) -> u64 {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM in /proc/PID/status")
-}
-
 #[test]
 fn sources_land_where_cp_r_would_put_them() {
     let site = Site::new();

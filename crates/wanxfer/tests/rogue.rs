@@ -43,12 +43,31 @@ fn client_tls(addr: &str) -> ClientTls {
 impl RawPeer {
     /// Connects (TLS) and reads the server's greeting, which it sends in its first flight.
     fn open(server: &Server) -> RawPeer {
-        let mut stream = wanxfer_engine::tls::connect(
+        RawPeer::open_from(server, None)
+    }
+
+    /// As [`RawPeer::open`], from loopback address `from` (127.0.0.1 if `None`): the
+    /// server's limits per source address then see another client.
+    fn open_from(server: &Server, from: Option<std::net::Ipv4Addr>) -> RawPeer {
+        let tcp = match from {
+            None => TcpStream::connect(&server.addr).expect("connect"),
+            Some(ip) => {
+                use socket2::{Domain, Socket, Type};
+                let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+                let local = std::net::SocketAddr::new(ip.into(), 0);
+                socket.bind(&local.into()).expect("bind a loopback address");
+                let addr: std::net::SocketAddr = server.addr.parse().unwrap();
+                socket.connect(&addr.into()).expect("connect");
+                socket.into()
+            }
+        };
+        let mut stream = wanxfer_engine::tls::connect_over(
+            tcp,
             &server.addr,
             Some(&client_tls(&server.addr)),
             Duration::from_secs(30),
         )
-        .expect("connect");
+        .expect("TLS");
         stream
             .set_read_timeout(Some(Duration::from_secs(30)))
             .unwrap();
@@ -138,7 +157,18 @@ impl RawPeer {
     }
 
     fn authenticate(server: &Server, secret: &str) -> (RawPeer, Authenticated) {
-        let mut peer = RawPeer::connect(server, ConnectionKind::Control);
+        RawPeer::authenticate_from(server, secret, None)
+    }
+
+    fn authenticate_from(
+        server: &Server,
+        secret: &str,
+        from: Option<std::net::Ipv4Addr>,
+    ) -> (RawPeer, Authenticated) {
+        let mut peer = RawPeer::open_from(server, from);
+        peer.stream
+            .write_all(&Preamble::new(ConnectionKind::Control).encode())
+            .unwrap();
         let mut handshake = ClientHandshake::new(secret.as_bytes(), [7; 32], features::SUPPORTED)
             .with_binding(peer.stream.binding());
         peer.send(&handshake.hello());
@@ -863,6 +893,82 @@ fn a_block_larger_than_agreed_is_refused_before_it_is_read() {
     site.assert_unharmed();
 }
 
+/// Accepts a connection on `listener` and greets like a server (its preamble and a Hello
+/// with `nonce`, in TLS's first flight), then checks the client's preamble.
+fn rogue_accept(
+    listener: &std::net::TcpListener,
+    kind: ConnectionKind,
+    nonce: [u8; 32],
+) -> RawPeer {
+    let (cert, key) = test_identity();
+    let tls = wanxfer_engine::tls::ServerIdentity::from_files(&cert, &key)
+        .and_then(|identity| identity.server_config())
+        .unwrap();
+    let (tcp, _) = listener.accept().unwrap();
+    let mut greeting = Preamble::new(ConnectionKind::Server).encode().to_vec();
+    encode_frame(
+        &wanxfer_proto::handshake::hello(nonce, features::SUPPORTED),
+        &mut greeting,
+    );
+    let stream = wanxfer_engine::tls::accept(
+        tcp,
+        &tls,
+        &greeting,
+        wanxfer_engine::tls::Deadline::after(Duration::from_secs(30)),
+        "client",
+    )
+    .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut peer = RawPeer {
+        stream,
+        greeting: hello_placeholder(),
+    };
+    let mut preamble = [0u8; Preamble::LEN];
+    peer.stream.read_exact(&mut preamble).unwrap();
+    assert_eq!(Preamble::decode(&preamble).unwrap().kind, kind);
+    peer
+}
+
+/// A rogue server's control connection: the client authenticated properly, and its
+/// request.
+fn rogue_control(listener: &std::net::TcpListener) -> (RawPeer, Authenticated, OpenSession) {
+    use wanxfer_proto::handshake::ServerHandshake;
+    let mut control = rogue_accept(listener, ConnectionKind::Control, [9; 32]);
+    let mut handshake = ServerHandshake::new(SECRET.as_bytes(), [9; 32], features::SUPPORTED);
+    handshake.set_binding(control.stream.binding());
+    let auth = loop {
+        match handshake.handle(control.recv().unwrap()).unwrap() {
+            Step::Wait => {}
+            Step::Send(reply) => control.send(&reply),
+            Step::SendAndDone(reply, auth) => {
+                control.send(&reply);
+                break auth;
+            }
+            Step::Done(auth) => break auth,
+        }
+    };
+    let Some(Message::OpenSession(open)) = control.recv() else {
+        panic!("expected OpenSession");
+    };
+    (control, auth, open)
+}
+
+/// What an honest server answers `open` with (one stream).
+fn honest_answer(open: &OpenSession) -> SessionAccepted {
+    SessionAccepted {
+        session_id: [3u8; 16],
+        streams: 1,
+        block_size: open.block_size,
+        depth: open.depth,
+        window: open.window,
+        flags: open.flags,
+        max_streams: 1,
+        placement: Placement::Resolve,
+    }
+}
+
 /// A hand-driven server for one pull: it authenticates the client properly, accepts its
 /// session and data channel, then hands both connections to `play`. Returns the address
 /// to pull from and the server's thread, which carries `play`'s panics.
@@ -870,72 +976,13 @@ fn rogue_server(
     play: impl FnOnce(RawPeer, RawPeer, SessionAccepted) + Send + 'static,
 ) -> (String, std::thread::JoinHandle<()>) {
     use std::net::TcpListener;
-    use wanxfer_proto::handshake::ServerHandshake;
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let server = std::thread::spawn(move || {
-        // Greets like a server (its preamble and a Hello with `nonce`), then checks the
-        // client's preamble.
-        let (cert, key) = test_identity();
-        let tls = wanxfer_engine::tls::ServerIdentity::from_files(&cert, &key)
-            .and_then(|identity| identity.server_config())
-            .unwrap();
-        let accept = |kind: ConnectionKind, nonce: [u8; 32]| {
-            let (tcp, _) = listener.accept().unwrap();
-            let mut greeting = Preamble::new(ConnectionKind::Server).encode().to_vec();
-            encode_frame(
-                &wanxfer_proto::handshake::hello(nonce, features::SUPPORTED),
-                &mut greeting,
-            );
-            let stream = wanxfer_engine::tls::accept(
-                tcp,
-                &tls,
-                &greeting,
-                wanxfer_engine::tls::Deadline::after(Duration::from_secs(30)),
-                "client",
-            )
-            .unwrap();
-            stream
-                .set_read_timeout(Some(Duration::from_secs(30)))
-                .unwrap();
-            let mut peer = RawPeer {
-                stream,
-                greeting: hello_placeholder(),
-            };
-            let mut preamble = [0u8; Preamble::LEN];
-            peer.stream.read_exact(&mut preamble).unwrap();
-            assert_eq!(Preamble::decode(&preamble).unwrap().kind, kind);
-            peer
-        };
-        let mut control = accept(ConnectionKind::Control, [9; 32]);
-        let mut handshake = ServerHandshake::new(SECRET.as_bytes(), [9; 32], features::SUPPORTED);
-        handshake.set_binding(control.stream.binding());
-        let auth = loop {
-            match handshake.handle(control.recv().unwrap()).unwrap() {
-                Step::Wait => {}
-                Step::Send(reply) => control.send(&reply),
-                Step::SendAndDone(reply, auth) => {
-                    control.send(&reply);
-                    break auth;
-                }
-                Step::Done(auth) => break auth,
-            }
-        };
-        let Some(Message::OpenSession(open)) = control.recv() else {
-            panic!("expected OpenSession");
-        };
-        let accepted = SessionAccepted {
-            session_id: [3u8; 16],
-            streams: 1,
-            block_size: open.block_size,
-            depth: open.depth,
-            window: open.window,
-            flags: open.flags,
-            max_streams: 1,
-            placement: Placement::Resolve,
-        };
+        let (mut control, auth, open) = rogue_control(&listener);
+        let accepted = honest_answer(&open);
         control.send(&Message::SessionAccepted(accepted.clone()));
-        let mut data = accept(ConnectionKind::Data, [11; 32]);
+        let mut data = rogue_accept(&listener, ConnectionKind::Data, [11; 32]);
         let Some(Message::ChannelJoin(join)) = data.recv() else {
             panic!("expected ChannelJoin");
         };
@@ -1085,4 +1132,190 @@ fn forged_operations_are_refused_and_the_server_serves_on() {
     peer.expect_refusal(Some("expected an operation"));
     assert_eq!(fs::read(site.root().join("kept")).unwrap(), b"k");
     site.assert_unharmed();
+}
+
+/// Issue 16 items 3 and 10: failed authentications are rate limited per address. After
+/// ten wrong secrets from one address, the next attempt from it (even with the right
+/// secret) is turned away, and told why rather than that the secrets differ; another
+/// address gets in meanwhile, and the server logs the refusal.
+#[test]
+fn repeated_wrong_secrets_are_turned_away_while_other_addresses_get_in() {
+    let site = Site::new();
+    let src = site.path("f");
+    fs::write(&src, b"data").unwrap();
+    for _ in 0..10 {
+        cp_with_secret(
+            "a-wrong-secret-of-decent-length-0123456789",
+            [
+                "--retries=0".as_ref(),
+                src.as_os_str(),
+                &site.server.url("f"),
+            ],
+        )
+        .assert_code(3)
+        .assert_stderr_mentions("secret");
+    }
+    cp([
+        "--retries=0".as_ref(),
+        src.as_os_str(),
+        &site.server.url("f"),
+    ])
+    .assert_code(3)
+    .assert_stderr_mentions("too many failed authentications");
+    let (_peer, _) = RawPeer::authenticate_from(
+        &site.server,
+        SECRET,
+        Some(std::net::Ipv4Addr::new(127, 0, 0, 2)),
+    );
+    assert!(!site.root().join("f").exists());
+    let log = site.server.log();
+    assert!(log.contains("turned away"), "{log}");
+}
+
+/// Issue 16 item 6: a client that authenticates, opens a push session, announces a large
+/// file and sends one block of it (so the server reserves the file's whole size), then
+/// goes silent, is ended by the server within its stall timeout (a few seconds more at
+/// most), which frees its session slot (one session allowed) and gives back the space it
+/// reserved beyond what it verified: a file nearly the size of the file system then lands.
+#[test]
+fn an_idle_authenticated_session_is_ended_and_gives_back_its_slot_and_space() {
+    let flags = ["--stall-timeout", "2", "--max-sessions", "1"];
+    let Some(site) = Site::on_mount("tmpfs", "size=64m", &flags) else {
+        return;
+    };
+    let root = site.root().to_path_buf();
+    let before = free_bytes(&root);
+    let (mut control, mut data, accepted) =
+        session_ready_for_blocks(&site, vec![file_entry("hog", 48 << 20)]);
+    let payload = pattern_bytes(1 << 20, 1);
+    let first = Segment {
+        file_id: 0,
+        offset: 0,
+        len: payload.len() as u32,
+        flags: 0,
+        digest: digest_of(&payload),
+    };
+    data.send_raw(&block(&accepted, first, &payload, false));
+    wait_for(
+        "the server to reserve the file's size",
+        Duration::from_secs(30),
+        || free_bytes(&root) + (40 << 20) < before,
+    );
+    // Meanwhile the one slot is taken.
+    let probe = site.path("probe");
+    fs::write(&probe, b"p").unwrap();
+    cp([
+        "--retries=0".as_ref(),
+        probe.as_os_str(),
+        &site.server.url("probe"),
+    ])
+    .assert_code(8)
+    .assert_stderr_mentions("busy");
+
+    let silent = std::time::Instant::now();
+    while let Some(msg) = control.recv() {
+        assert!(matches!(msg, Message::Error(_)), "unexpected {msg:?}");
+    }
+    let waited = silent.elapsed();
+    assert!(waited < Duration::from_secs(20), "ended after {waited:?}");
+    wait_for(
+        "the reservation to be given back",
+        Duration::from_secs(20),
+        || free_bytes(&root) + (4 << 20) > before,
+    );
+    let big = site.path("big");
+    write_pattern(&big, 40 << 20, 3);
+    // (Retries cover the moment between the session's end and its slot being free.)
+    cp([
+        "--retries=3".as_ref(),
+        big.as_os_str(),
+        &site.server.url("big"),
+    ])
+    .assert_ok();
+    assert_eq!(node(&big), node(&root.join("big")));
+    let log = site.server.log();
+    assert!(log.contains("stall-timeout"), "{log}");
+    drop((control, data));
+}
+
+/// A rogue server that answers a session request with what `answer` makes of an honest
+/// answer, then waits for the client to hang up (it must neither join a data channel nor
+/// wait).
+fn answering_server(
+    answer: impl FnOnce(SessionAccepted) -> SessionAccepted + Send + 'static,
+) -> (String, std::thread::JoinHandle<()>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = std::thread::spawn(move || {
+        let (mut control, _, open) = rogue_control(&listener);
+        control.send(&Message::SessionAccepted(answer(honest_answer(&open))));
+        while let Some(msg) = control.recv() {
+            assert!(matches!(msg, Message::Error(_)), "unexpected {msg:?}");
+        }
+    });
+    (addr, server)
+}
+
+/// Issue 16 item 7: the client checks every number the server answers against what it
+/// asked: a block of 0 bytes or of 4 GiB, no streams or 65,535 of them, absurd depths and
+/// windows, checks turned off. Each is a protocol error (exit 5) naming the number, at once,
+/// without a hang or a large allocation.
+#[test]
+fn a_client_refuses_numbers_it_did_not_ask_for() {
+    let dir = tempfile::tempdir().unwrap();
+    type Bend = fn(SessionAccepted) -> SessionAccepted;
+    let cases: [(&str, Bend); 11] = [
+        ("block size", |a| SessionAccepted { block_size: 0, ..a }),
+        ("block size", |a| SessionAccepted {
+            block_size: 0xffff_f000, // 4 GiB less a page: aligned, and absurd
+            ..a
+        }),
+        ("block size", |a| SessionAccepted {
+            block_size: (1 << 20) + 1,
+            ..a
+        }),
+        ("streams", |a| SessionAccepted { streams: 0, ..a }),
+        ("streams", |a| SessionAccepted {
+            streams: u16::MAX,
+            max_streams: u16::MAX,
+            ..a
+        }),
+        ("depth", |a| SessionAccepted { depth: 0, ..a }),
+        ("depth", |a| SessionAccepted {
+            depth: u16::MAX,
+            ..a
+        }),
+        ("window", |a| SessionAccepted { window: 0, ..a }),
+        ("window", |a| SessionAccepted {
+            window: u32::MAX,
+            ..a
+        }),
+        ("at most", |a| SessionAccepted {
+            max_streams: 0,
+            ..a
+        }),
+        ("checks", |a| SessionAccepted {
+            flags: a.flags | wanxfer_proto::session_flags::NO_FILE_DIGEST,
+            ..a
+        }),
+    ];
+    for (needle, bend) in cases {
+        let (addr, server) = answering_server(bend);
+        let dest = dir.path().join("dest");
+        let cmd = cp_command([
+            "--retries=0".to_string(),
+            format!("wanxfer://{addr}/wanted"),
+            dest.to_str().unwrap().to_string(),
+        ]);
+        let (run, peak_kib) = run_measured(cmd, Duration::from_secs(60));
+        assert!(
+            server.join().is_ok(),
+            "the rogue server saw a hang-up: {run:#?}"
+        );
+        run.assert_code(5)
+            .assert_stderr_mentions("the server")
+            .assert_stderr_mentions(needle);
+        assert!(peak_kib < 64 << 10, "{needle}: peak RSS {peak_kib} KiB");
+        assert!(!dest.exists());
+    }
 }

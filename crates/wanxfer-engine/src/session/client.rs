@@ -166,6 +166,8 @@ pub struct Report {
     pub channels_lost: u64,
     /// What failed, file by file (also when the transfer as a whole failed).
     pub failures: Vec<FileFailure>,
+    /// The first of those as the error it was, for [`Error::Files`].
+    pub first_failure: Option<Arc<Error>>,
     /// Round trips from the first connect to the session being agreed.
     pub setup_round_trips: u32,
     /// The TLS suite the connections use, or `none`.
@@ -300,17 +302,23 @@ pub fn run_client(
         };
         match result {
             Ok(report) => {
-                let report = finish(report, &total);
-                return match report.failures.first() {
-                    None => Ok(report),
-                    Some(first) => Err(Failed {
-                        error: Error::Files {
-                            count: report.failed_files,
-                            first: Box::new(first_error(first)),
-                        },
-                        report: Box::new(report),
-                    }),
+                let mut report = finish(report, &total);
+                let Some(summary) = report.failures.first().map(first_error) else {
+                    return Ok(report);
                 };
+                // The error itself where this side still has it: its own words and class
+                // (and errno), not a copy rebuilt from its text.
+                let first = match report.first_failure.take().map(Arc::try_unwrap) {
+                    Some(Ok(error)) => error,
+                    _ => summary,
+                };
+                return Err(Failed {
+                    error: Error::Files {
+                        count: report.failed_files,
+                        first: Box::new(first),
+                    },
+                    report: Box::new(report),
+                });
             }
             Err(e)
                 if retryable(&e)
@@ -380,13 +388,14 @@ fn run_once(
         ClientJob::Push { .. } => state.placement(id),
         ClientJob::Pull { .. } => None,
     };
-    let request = open_request(job, &cfg.tuning, *id, pinned.unwrap_or(Wire::Resolve));
+    // Fitted into this side's memory budget before asking: the server only lowers.
+    let tuning = cfg.tuning.fitted(matches!(job, ClientJob::Pull { .. }));
+    let request = open_request(job, &tuning, *id, pinned.unwrap_or(Wire::Resolve));
     let agreed = handshake(cfg, request)?;
     if let ClientJob::Push { .. } = job {
         state.set_placement(id, agreed.accepted.placement)?;
     }
-    let mut params =
-        Params::from_accepted(&agreed.accepted, id, &cfg.tuning, agreed.auth.negotiated());
+    let mut params = Params::from_accepted(&agreed.accepted, id, &tuning, agreed.auth.negotiated());
     params.resolve_io(conn::peer_on_this_host(&agreed.stream));
     let (kernel_tls, io_note) = params.settle_for_tls(&agreed.stream);
     if let Some(note) = io_note {
@@ -564,6 +573,7 @@ fn report(
                 message: e.to_string(),
             })
             .collect(),
+        first_failure: outcome.failures.into_iter().next().map(Arc::new),
         setup_round_trips: agreed.round_trips,
         encryption: String::new(),
         tls_records: "none",

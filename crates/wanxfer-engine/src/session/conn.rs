@@ -314,7 +314,18 @@ pub fn connect_secure(
     deadline: Deadline,
     stall: Duration,
 ) -> Result<Stream, Error> {
-    let mut tcp = connect(server, deadline, stall)?;
+    let tcp = connect(server, deadline, stall)?;
+    secure(tcp, server, tls, deadline)
+}
+
+/// The client's side of TLS (unless `tls` is `None`) on `tcp`, connected to `server`,
+/// within `deadline`.
+pub fn secure(
+    mut tcp: std::net::TcpStream,
+    server: &str,
+    tls: Option<&crate::tls::ClientTls>,
+    deadline: Deadline,
+) -> Result<Stream, Error> {
     let Some(tls) = tls else {
         return Ok(Stream::plain(tcp));
     };

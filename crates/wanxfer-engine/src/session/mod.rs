@@ -117,6 +117,65 @@ impl Default for Tuning {
     }
 }
 
+impl Tuning {
+    /// This side's request fitted into its own memory budget ([`Tuning::max_memory`]), as
+    /// a server fits a session into its own: the disk threads of the role (readers
+    /// sending, writers receiving) clamped to [`MAX_DISK_THREADS`] and, while the session
+    /// would not fit, fewer of them (down to two), then depth, streams and block size
+    /// lowered in the server's order (`negotiate::fit`). A server may lower each number
+    /// further and never raise one (the client checks), so this side's buffers stay
+    /// within its budget whatever it asked and whatever the server answers.
+    pub fn fitted(&self, receiving: bool) -> Tuning {
+        use wanxfer_proto::TransportKind;
+        use wanxfer_session::negotiate::{self, MIN_BLOCK_SIZE};
+        let transport = match (&self.transport, receiving) {
+            (Transport::Fabric { .. }, true) => TransportKind::Fabric,
+            _ => TransportKind::Tcp,
+        };
+        let (streams, depth) = (self.streams.max(1), self.depth.max(1));
+        // A server raises a smaller block to its minimum: count what it may answer.
+        let block = self.block_size.max(MIN_BLOCK_SIZE);
+        let asked = if receiving {
+            self.writers
+        } else {
+            self.readers
+        };
+        let mut threads = asked.clamp(1, MAX_DISK_THREADS);
+        let floor = threads.min(2);
+        let need =
+            |threads: usize| negotiate::memory(transport, streams, depth, block, threads as u32);
+        while threads > floor && need(threads) > self.max_memory {
+            threads -= 1;
+        }
+        let (streams, depth, fitted_block) = negotiate::fit(
+            transport,
+            streams,
+            depth,
+            block,
+            threads as u32,
+            self.max_memory,
+        );
+        let mut t = Tuning {
+            streams,
+            depth,
+            block_size: if fitted_block < block {
+                fitted_block
+            } else {
+                self.block_size
+            },
+            readers: self.readers.clamp(1, MAX_DISK_THREADS),
+            writers: self.writers.clamp(1, MAX_DISK_THREADS),
+            ..self.clone()
+        };
+        if receiving {
+            t.writers = threads;
+        } else {
+            t.readers = threads;
+        }
+        t
+    }
+}
+
 /// The parameters a running session uses, agreed at its start.
 #[derive(Debug, Clone)]
 pub struct Params {
@@ -288,6 +347,52 @@ mod tests {
         assert_eq!(checks(NO_BLOCK_CHECKSUM), (true, false));
         assert_eq!(checks(NO_FILE_DIGEST), (false, true));
         assert_eq!(checks(NO_FILE_DIGEST | NO_BLOCK_CHECKSUM), (false, false));
+    }
+
+    /// The regression of issue 16 item 8 on the client: whatever is asked, the buffers
+    /// of either role fit the budget, threads giving way first.
+    #[test]
+    fn a_greedy_request_is_fitted_into_the_client_budget() {
+        use wanxfer_proto::TransportKind;
+        use wanxfer_session::negotiate::memory;
+        let greedy = Tuning {
+            readers: 100_000,
+            writers: 100_000,
+            streams: 64,
+            block_size: 64 << 20,
+            ..Tuning::default()
+        };
+        for receiving in [false, true] {
+            let t = greedy.fitted(receiving);
+            let threads = if receiving { t.writers } else { t.readers };
+            let mem = memory(
+                TransportKind::Tcp,
+                t.streams,
+                t.depth,
+                t.block_size,
+                threads as u32,
+            );
+            assert!(mem <= greedy.max_memory, "{t:?} needs {mem}");
+            assert!(threads <= MAX_DISK_THREADS && t.streams >= 1, "{t:?}");
+        }
+        // What fits is left alone.
+        let modest = Tuning::default().fitted(false);
+        let d = Tuning::default();
+        assert_eq!(
+            (
+                modest.streams,
+                modest.depth,
+                modest.block_size,
+                modest.readers
+            ),
+            (d.streams, d.depth, d.block_size, d.readers)
+        );
+        // Many threads with small blocks fit as they are, but no more than the most.
+        let threads = Tuning {
+            readers: 100_000,
+            ..Tuning::default()
+        };
+        assert_eq!(threads.fitted(false).readers, MAX_DISK_THREADS);
     }
 
     /// The regression of issue 16 item 8: a thread count asked for is clamped.

@@ -522,6 +522,7 @@ impl Connection {
             Deadline::after(Duration::from_secs(1)),
             peer,
         );
+        close_after_refusal(stream);
     }
 
     fn join_channel(
@@ -639,6 +640,7 @@ impl Connection {
                         deadline,
                         &self.peer,
                     );
+                    close_after_refusal(&mut stream);
                     return Err(Error::handshake(&self.peer, e));
                 }
             }
@@ -1094,6 +1096,34 @@ fn peek_first(tcp: &TcpStream, deadline: Deadline, peer: &str) -> Result<u8, Err
                 return Err(Error::network("timed out waiting for", peer, e))
             }
             Err(e) => return Err(Error::network("receiving from", peer, e)),
+        }
+    }
+}
+
+/// Ends a refused connection so that the client gets to read why. Closing a socket
+/// with input still unread (the request a client sends with its proof, the `Hello` it
+/// sends with its preamble) makes the kernel reset the connection, and a reset can
+/// overtake the refusal: the client then saw "connection reset" (a network error, which it
+/// retries) instead of, say, its address being turned away for failing too often. So our
+/// end is closed first and what the client still sends is read and dropped, for a moment
+/// and a few kilobytes at most, until it hangs up.
+fn close_after_refusal(stream: &mut Stream) {
+    use std::io::Read;
+    // Under TLS the refusal is followed by close_notify, so the client reads it as the
+    // end and not as a connection cut short; what it still sends is dropped unread.
+    let _ = stream.finish_writes();
+    let mut tcp = stream.tcp();
+    let until = Instant::now() + Duration::from_secs(1);
+    let mut scratch = [0u8; 4096];
+    let mut budget = 64usize << 10;
+    while budget > 0 {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() || tcp.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
+        match tcp.read(&mut scratch) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => budget = budget.saturating_sub(n),
         }
     }
 }

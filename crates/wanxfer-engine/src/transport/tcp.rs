@@ -436,6 +436,14 @@ fn send_from_file(
     while pos < end {
         let count = (end - pos) as usize;
         match rustix::fs::sendfile(stream, &*range.file, Some(&mut pos), count) {
+            // The file shrank after the reader read these bytes into the buffer: they are
+            // what its checks covered, so they go, and the channel lives on; the reader
+            // fails the file for having changed.
+            Ok(0) if range.in_buffer => {
+                let done = (pos - range.offset) as usize;
+                (&*stream).write_all(&payload[done..])?;
+                return Ok(None);
+            }
             Ok(0) => {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -549,6 +557,22 @@ mod tests {
         let why = result.unwrap().expect("the refusal is reported");
         assert!(why.starts_with("sendfile: "), "{why}");
         assert_eq!(got, expected(&payload));
+    }
+
+    /// A file cut short after the reader read a block (issue 16 item 5): the bytes the
+    /// reader read and checked go from the buffer and the channel survives; without them
+    /// in the buffer there is nothing right to send, and the send fails.
+    #[test]
+    fn a_file_that_shrank_after_it_was_read_sends_what_was_read() {
+        let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&payload[..100_000]).unwrap();
+        let (result, got) = send_over_loopback(file.try_clone().unwrap(), &payload, true);
+        assert_eq!(result.unwrap(), None);
+        assert_eq!(got, expected(&payload));
+        let (result, got) = send_over_loopback(file, &payload, false);
+        assert!(result.is_err());
+        assert_eq!(got, expected(&payload[..100_000]));
     }
 
     /// Without the bytes in the buffer the fallback reads the file again; a descriptor

@@ -248,6 +248,21 @@ where
     cmd
 }
 
+/// As [`cp_command`] without `--quiet`: warnings (a data channel lost, say) are printed.
+pub fn cp_loud_command<I, S>(args: I) -> Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut cmd = Command::new(wanxfer_bin());
+    cmd.arg("cp")
+        .args(args)
+        .env("WANXFER_SECRET", SECRET)
+        .env("WANXFER_STATE_DIR", state_dir())
+        .env_remove("RUST_LOG");
+    cmd
+}
+
 /// `wanxfer cp` run by `cmd` (e.g. inside a network namespace), with the test secret.
 pub fn cp_via<I, S>(mut cmd: Command, args: I) -> Run
 where
@@ -323,6 +338,14 @@ where
         .output()
         .expect("run wanxfer");
     Run::from_output(out)
+}
+
+/// Starts `cmd` (a [`cp_command`], say) with its output captured for [`finish`].
+pub fn spawn_piped(mut cmd: Command) -> Child {
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start wanxfer")
 }
 
 /// A finished child started with [`cp_command`].
@@ -503,6 +526,100 @@ pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// A process's peak resident set (VmHWM), in KiB.
+pub fn peak_rss_kib(pid: i32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status")
+}
+
+/// Bytes free for an unprivileged writer on the file system holding `path`.
+pub fn free_bytes(path: &Path) -> u64 {
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid C string and a zeroed statvfs the call fills in.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    assert_eq!(rc, 0, "statvfs {}", path.display());
+    st.f_bavail as u64 * st.f_frsize as u64
+}
+
+/// Runs `cmd` (a [`cp_command`], say) to its end, within `limit` (else it is killed and
+/// the test fails: a hang is a failure, not a wait), and returns how it ended with its
+/// peak resident set in KiB, as the kernel counted it for the whole process.
+pub fn run_measured(mut cmd: Command, limit: Duration) -> (Run, u64) {
+    let out = tempfile::tempfile().expect("stdout file");
+    let err = tempfile::tempfile().expect("stderr file");
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(err.try_clone().unwrap())
+        .spawn()
+        .expect("start wanxfer");
+    let pid = child.id() as libc::pid_t;
+    let started = Instant::now();
+    let mut status = 0;
+    // SAFETY: zeroed rusage, filled in by wait4.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: our own child, valid out-pointers.
+        let rc = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        if rc == pid {
+            break;
+        }
+        assert!(rc == 0, "wait4: {}", std::io::Error::last_os_error());
+        if started.elapsed() > limit {
+            signal(pid, "KILL");
+            panic!("wanxfer {:?} did not end within {limit:?}", cmd.get_args());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(child); // reaped above
+    let read = |mut f: fs::File| {
+        use std::io::{Read, Seek};
+        let mut text = String::new();
+        f.rewind().unwrap();
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes).unwrap();
+        text.push_str(&String::from_utf8_lossy(&bytes));
+        text
+    };
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        -1
+    };
+    let run = Run {
+        code,
+        stdout: read(out),
+        stderr: read(err),
+    };
+    (run, usage.ru_maxrss as u64)
+}
+
+/// Waits for a child started with [`cp_command`] at most `limit`; past it the child is
+/// killed and the test fails (a session that hangs is the failure being tested for).
+pub fn finish_within(child: Child, limit: Duration) -> Run {
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(finish(child));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(run) => {
+            let _ = waiter.join();
+            run
+        }
+        Err(_) => {
+            signal(pid, "KILL");
+            let run = rx.recv().ok();
+            panic!("wanxfer cp did not end within {limit:?}: {run:#?}");
+        }
+    }
+}
+
 /// Sends a signal to a process (SIGSTOP/SIGCONT/SIGKILL by number).
 pub fn signal(pid: i32, sig: &str) {
     let status = Command::new("kill")
@@ -525,9 +642,13 @@ pub fn is_root() -> bool {
 }
 
 /// A temporary directory with a server root `root/` and a client area beside it.
+///
+/// Fields drop in this order: the server stops, then the root's file system (if the root
+/// is a mount) is unmounted, then the directory goes.
 pub struct Site {
-    pub dir: tempfile::TempDir,
     pub server: Server,
+    pub mount: Option<Mount>,
+    pub dir: tempfile::TempDir,
 }
 
 impl Site {
@@ -540,7 +661,24 @@ impl Site {
         let root = dir.path().join("root");
         fs::create_dir(&root).unwrap();
         let server = Server::start(&root, flags);
-        Site { dir, server }
+        Site {
+            server,
+            mount: None,
+            dir,
+        }
+    }
+
+    /// A site whose root is a file system of its own (a small tmpfs to fill, say); `None`
+    /// (and a note) where mounting is not possible.
+    pub fn on_mount(fstype: &str, options: &str, flags: &[&str]) -> Option<Site> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mount = Mount::new(dir.path().join("root"), fstype, options)?;
+        let server = Server::start(&mount.path, flags);
+        Some(Site {
+            server,
+            mount: Some(mount),
+            dir,
+        })
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
