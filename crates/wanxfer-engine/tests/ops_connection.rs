@@ -35,6 +35,9 @@ fn config(addr: &str, secret: &[u8]) -> ClientConfig {
     };
     let mut cfg = ClientConfig::new(addr.to_string(), secret.to_vec(), tuning);
     cfg.connect_timeout = Duration::from_secs(5);
+    // Pins of the servers' certificates, apart from the user's own.
+    cfg.state_dir =
+        std::env::temp_dir().join(format!("wanxfer-ops-test-state-{}", std::process::id()));
     cfg
 }
 
@@ -151,8 +154,8 @@ fn scripted_server(replies: Vec<wanxfer_proto::ops::OpReply>) -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let read = |s: &mut std::net::TcpStream| {
+        use wanxfer_engine::stream::Stream;
+        let read = |s: &mut Stream| {
             let mut header = [0u8; FrameHeader::LEN];
             s.read_exact(&mut header).unwrap();
             let h = FrameHeader::decode(&header).unwrap();
@@ -160,16 +163,28 @@ fn scripted_server(replies: Vec<wanxfer_proto::ops::OpReply>) -> String {
             s.read_exact(&mut body).unwrap();
             Message::decode(h.kind, &body).unwrap()
         };
-        let send = |s: &mut std::net::TcpStream, m: &Message| {
+        let send = |s: &mut Stream, m: &Message| {
             let mut out = Vec::new();
             encode_frame(m, &mut out);
             s.write_all(&out).unwrap();
         };
-        // The server greets first: its preamble and Hello.
+        // The server greets first, in TLS's first flight: its preamble and Hello.
         let mut hs = ServerHandshake::new(SECRET, [9; 32], features::SUPPORTED);
-        s.write_all(&Preamble::new(ConnectionKind::Server).encode())
+        let mut greeting = Preamble::new(ConnectionKind::Server).encode().to_vec();
+        encode_frame(&hs.hello(), &mut greeting);
+        let tls = wanxfer_engine::tls::ServerIdentity::ephemeral()
+            .and_then(|identity| identity.server_config())
             .unwrap();
-        send(&mut s, &hs.hello());
+        let (tcp, _) = listener.accept().unwrap();
+        let mut s = wanxfer_engine::tls::accept(
+            tcp,
+            &tls,
+            &greeting,
+            wanxfer_engine::tls::Deadline::after(Duration::from_secs(30)),
+            "client",
+        )
+        .unwrap();
+        hs.set_binding(s.binding());
         let mut preamble = [0u8; Preamble::LEN];
         s.read_exact(&mut preamble).unwrap();
         loop {
