@@ -59,6 +59,10 @@ pub enum SessionError {
     /// Nothing arrived from the peer for this long.
     #[error("no sign of life from the peer for {0:?}")]
     Stalled(Duration),
+    /// The peer is alive (keepalives arrive) but nothing of the transfer moved for this
+    /// long: no block, no manifest entry, no acknowledgement.
+    #[error("no progress for {0:?}, only keepalives")]
+    Idle(Duration),
     /// The peer made this side exceed one of its own limits.
     #[error("{0}")]
     Limit(String),
@@ -114,7 +118,13 @@ struct Link {
     events: VecDeque<Event>,
     last_heard: Instant,
     last_sent: Instant,
+    /// The last time the transfer moved: a block, or a message other than a keepalive.
+    last_progress: Instant,
     stall_timeout: Duration,
+    /// How long a live peer may hold the session without moving anything (`None`: for
+    /// ever). A peer that only sends keepalives holds a session slot, reserved disk space
+    /// and partial files; this is what gives them back.
+    idle_timeout: Option<Duration>,
     keepalive: Duration,
     finish: FinishState,
 }
@@ -130,13 +140,15 @@ enum FinishState {
 }
 
 impl Link {
-    fn new(now: Instant, stall_timeout: Duration) -> Link {
+    fn new(now: Instant, stall_timeout: Duration, idle_timeout: Option<Duration>) -> Link {
         Link {
             out: VecDeque::new(),
             events: VecDeque::new(),
             last_heard: now,
             last_sent: now,
+            last_progress: now,
             stall_timeout,
+            idle_timeout,
             // Often enough that a peer waiting for us never mistakes a busy disk for a
             // dead path.
             keepalive: (stall_timeout / 4).max(Duration::from_millis(100)),
@@ -146,6 +158,19 @@ impl Link {
 
     fn heard(&mut self, now: Instant) {
         self.last_heard = self.last_heard.max(now);
+    }
+
+    /// The peer sent `msg`: a sign of life, and of progress unless it is a keepalive.
+    fn heard_message(&mut self, now: Instant, msg: &Message) {
+        self.heard(now);
+        if !matches!(msg, Message::Keepalive) {
+            self.progressed(now);
+        }
+    }
+
+    /// The transfer moved.
+    fn progressed(&mut self, now: Instant) {
+        self.last_progress = self.last_progress.max(now);
     }
 
     fn send(&mut self, msg: Message) {
@@ -165,7 +190,11 @@ impl Link {
         if self.finish == FinishState::Done {
             return None;
         }
-        Some((self.last_heard + self.stall_timeout).min(self.last_sent + self.keepalive))
+        let live = (self.last_heard + self.stall_timeout).min(self.last_sent + self.keepalive);
+        Some(match self.idle_timeout {
+            Some(idle) => live.min(self.last_progress + idle),
+            None => live,
+        })
     }
 
     fn handle_timeout(&mut self, now: Instant) -> Result<(), SessionError> {
@@ -174,6 +203,11 @@ impl Link {
         }
         if now >= self.last_heard + self.stall_timeout {
             return Err(SessionError::Stalled(now - self.last_heard));
+        }
+        if let Some(idle) = self.idle_timeout {
+            if now >= self.last_progress + idle {
+                return Err(SessionError::Idle(now - self.last_progress));
+            }
         }
         if now >= self.last_sent + self.keepalive && self.out.is_empty() {
             self.send(Message::Keepalive);

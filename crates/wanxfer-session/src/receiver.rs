@@ -19,6 +19,9 @@ pub struct ReceiverConfig {
     /// Most files announced and waiting for data.
     pub window: u32,
     pub stall_timeout: Duration,
+    /// How long the peer may keep the session alive without moving anything (`None`:
+    /// for ever).
+    pub idle_timeout: Option<Duration>,
     /// Report a channel's count once this many blocks arrived on it since the last
     /// report (the sender's ledger shrinks as it learns).
     pub status_every: u64,
@@ -97,7 +100,7 @@ pub struct ReceiverMachine {
 impl ReceiverMachine {
     pub fn new(cfg: ReceiverConfig, now: Instant) -> ReceiverMachine {
         ReceiverMachine {
-            link: Link::new(now, cfg.stall_timeout),
+            link: Link::new(now, cfg.stall_timeout, cfg.idle_timeout),
             cfg,
             next_id: 0,
             end: None,
@@ -114,7 +117,7 @@ impl ReceiverMachine {
     }
 
     pub fn handle_message(&mut self, now: Instant, msg: Message) -> Result<(), SessionError> {
-        self.link.heard(now);
+        self.link.heard_message(now, &msg);
         let resolved = self.all_resolved();
         let Some(msg) = self.link.common(msg, resolved)? else {
             return Ok(());
@@ -357,6 +360,7 @@ impl ReceiverMachine {
     /// A whole block arrived on channel `index`.
     pub fn block_received(&mut self, now: Instant, index: u16) {
         self.link.heard(now);
+        self.link.progressed(now);
         let resolved = self.all_resolved();
         let channel = self.channels.entry(index).or_default();
         channel.received += 1;
@@ -462,6 +466,7 @@ mod tests {
         ReceiverConfig {
             window: 2,
             stall_timeout: Duration::from_secs(10),
+            idle_timeout: None,
             status_every: 2,
         }
     }
@@ -488,6 +493,40 @@ mod tests {
 
     fn drain(m: &mut ReceiverMachine, now: Instant) -> Vec<Message> {
         std::iter::from_fn(|| m.poll_transmit(now)).collect()
+    }
+
+    /// Blocks arriving are progress; keepalives alone are not, and the session ends once
+    /// the idle timeout passes without any.
+    #[test]
+    fn blocks_are_progress_and_keepalives_alone_end_an_idle_session() {
+        let start = Instant::now();
+        let idle = Duration::from_secs(20);
+        let mut m = ReceiverMachine::new(
+            ReceiverConfig {
+                idle_timeout: Some(idle),
+                ..cfg()
+            },
+            start,
+        );
+        m.channel_opened(0);
+        let mut now = start;
+        for _ in 0..10 {
+            now += Duration::from_secs(4);
+            m.handle_message(now, Message::Keepalive).unwrap();
+            m.block_received(now, 0);
+            m.handle_timeout(now).unwrap();
+        }
+        let last_block = now;
+        while now + Duration::from_secs(4) < last_block + idle {
+            now += Duration::from_secs(4);
+            m.handle_message(now, Message::Keepalive).unwrap();
+            m.handle_timeout(now).unwrap();
+        }
+        assert!(m.poll_timeout().unwrap() <= last_block + idle);
+        assert_eq!(
+            m.handle_timeout(last_block + idle),
+            Err(SessionError::Idle(idle))
+        );
     }
 
     /// The manifest is acknowledged only after every entry is applied, and after the

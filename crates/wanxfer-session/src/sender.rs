@@ -22,6 +22,9 @@ pub struct SenderConfig {
     /// Most manifest entries announced and not yet resolved.
     pub window: u32,
     pub stall_timeout: Duration,
+    /// How long the peer may keep the session alive without moving anything (`None`:
+    /// for ever).
+    pub idle_timeout: Option<Duration>,
     /// The receiver may report files as up to date (comparison negotiated).
     pub peer_may_skip: bool,
     /// The receiver may report ranges it holds (resume or comparison by checksum).
@@ -116,7 +119,7 @@ pub struct SenderMachine {
 impl SenderMachine {
     pub fn new(cfg: SenderConfig, now: Instant) -> SenderMachine {
         SenderMachine {
-            link: Link::new(now, cfg.stall_timeout),
+            link: Link::new(now, cfg.stall_timeout, cfg.idle_timeout),
             planner: Planner::new(cfg.block_size),
             cfg,
             next_id: 0,
@@ -209,7 +212,7 @@ impl SenderMachine {
     }
 
     pub fn handle_message(&mut self, now: Instant, msg: Message) -> Result<(), SessionError> {
-        self.link.heard(now);
+        self.link.heard_message(now, &msg);
         let resolved = self.all_resolved();
         let Some(msg) = self.link.common(msg, resolved)? else {
             return Ok(());
@@ -583,6 +586,7 @@ mod tests {
             block_size: 100,
             window: 4,
             stall_timeout: Duration::from_secs(10),
+            idle_timeout: None,
             peer_may_skip: true,
             peer_may_hold: true,
         }
@@ -805,5 +809,47 @@ mod tests {
             m.handle_timeout(later),
             Err(SessionError::Stalled(_))
         ));
+    }
+    /// A receiver that is alive but moves nothing (keepalives only) is ended after the
+    /// idle timeout; anything else it sends counts as progress.
+    #[test]
+    fn a_peer_sending_only_keepalives_is_ended_when_idle() {
+        let start = Instant::now();
+        let idle = Duration::from_secs(30);
+        let mut m = SenderMachine::new(
+            SenderConfig {
+                idle_timeout: Some(idle),
+                ..cfg()
+            },
+            start,
+        );
+        let mut now = start;
+        // Keepalives every 5 s keep the link alive, not the transfer.
+        while now < start + Duration::from_secs(25) {
+            now += Duration::from_secs(5);
+            m.handle_message(now, Message::Keepalive).unwrap();
+            m.handle_timeout(now).unwrap();
+        }
+        // Progress (a channel's count) moves the deadline on.
+        m.channel_opened(0);
+        m.handle_message(
+            now,
+            Message::ChannelStatus {
+                index: 0,
+                received: 0,
+                closed: false,
+            },
+        )
+        .unwrap();
+        let progressed = now;
+        assert!(m.poll_timeout().unwrap() <= progressed + idle);
+        while now < progressed + idle - Duration::from_secs(5) {
+            now += Duration::from_secs(5);
+            m.handle_message(now, Message::Keepalive).unwrap();
+            m.handle_timeout(now).unwrap();
+        }
+        now = progressed + idle;
+        m.handle_message(now, Message::Keepalive).unwrap();
+        assert_eq!(m.handle_timeout(now), Err(SessionError::Idle(idle)));
     }
 }

@@ -15,6 +15,7 @@ use wanxfer_engine::fs::WriteMode;
 use wanxfer_engine::ops::{server_address, RemoteUrl};
 use wanxfer_engine::session::{
     ClientConfig, ClientJob, PullDest, RetryPolicy, ServerLimits, Transport, Tuning,
+    DEFAULT_IDLE_TIMEOUT,
 };
 use wanxfer_engine::source::{IoMode, Source};
 use wanxfer_engine::Error;
@@ -367,6 +368,10 @@ pub struct ServeArgs {
     /// Seconds a silent client (cut link, crashed host) is waited for.
     #[arg(long, value_name = "SECONDS", default_value_t = ServerLimits::default().stall_timeout.as_secs())]
     pub stall_timeout: u64,
+    /// How long a client that is alive but moves nothing (keepalives only) keeps its
+    /// session, its slot and its reserved space; 0 for ever.
+    #[arg(long, value_name = "DURATION", default_value = duration_text(DEFAULT_IDLE_TIMEOUT), value_parser = parse_duration)]
+    pub idle_timeout: Duration,
     /// Where journals of interrupted transfers are kept (default: beside a client's
     /// state, one directory per served root).
     #[arg(long)]
@@ -462,6 +467,7 @@ impl ServeArgs {
             write: self.write.mode(),
             fabric_provider: self.transport.offered_provider(),
             stall_timeout: Duration::from_secs(self.stall_timeout.max(2)),
+            idle_timeout: idle_timeout(self.idle_timeout),
             state_dir: Some(
                 self.state_dir
                     .clone()
@@ -536,6 +542,10 @@ pub struct CpArgs {
     /// with a network error.
     #[arg(long, value_name = "SECONDS", default_value_t = Tuning::default().stall_timeout.as_secs())]
     pub stall_timeout: u64,
+    /// How long a server that is alive but moves nothing (keepalives only) is waited
+    /// for before giving up with a network error (retried like one); 0 for ever.
+    #[arg(long, value_name = "DURATION", default_value = duration_text(DEFAULT_IDLE_TIMEOUT), value_parser = parse_duration)]
+    pub idle_timeout: Duration,
     /// Retries after a network failure or a busy server, each resuming where the last
     /// attempt stopped.
     #[arg(long, default_value_t = RetryPolicy::default().retries)]
@@ -674,6 +684,7 @@ impl CpArgs {
             write: self.write.mode(),
             transport: self.transport.transport(),
             stall_timeout: Duration::from_secs(self.stall_timeout.max(2)),
+            idle_timeout: idle_timeout(self.idle_timeout),
             compare: if self.checksum {
                 Compare::Checksum
             } else if self.ignore_times {
@@ -881,6 +892,11 @@ pub fn duration_text(d: Duration) -> String {
         return format!("{}ms", d.as_millis());
     }
     format!("{secs}s")
+}
+
+/// `--idle-timeout`: 0 is for ever; anything else at least a few keepalives long.
+fn idle_timeout(d: Duration) -> Option<Duration> {
+    (!d.is_zero()).then(|| d.max(Duration::from_secs(2)))
 }
 
 /// Parses durations like `30s`, `10m`, `2h`, `1d` (a bare number is seconds).

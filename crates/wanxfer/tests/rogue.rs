@@ -1180,7 +1180,34 @@ fn repeated_wrong_secrets_are_turned_away_while_other_addresses_get_in() {
 #[test]
 fn an_idle_authenticated_session_is_ended_and_gives_back_its_slot_and_space() {
     let flags = ["--stall-timeout", "2", "--max-sessions", "1"];
-    let Some(site) = Site::on_mount("tmpfs", "size=64m", &flags) else {
+    ended_session_gives_back_its_slot_and_space(&flags, false, "stall-timeout");
+}
+
+/// Issue 16 item 6, the live variant: the same client keeps its control connection alive
+/// with keepalives (as a stuck client would) but moves nothing; the progress timeout
+/// (`--idle-timeout`), not the stall timeout, ends it and gives everything back.
+#[test]
+fn a_session_kept_alive_without_progress_is_ended_by_the_idle_timeout() {
+    let flags = [
+        "--stall-timeout",
+        "60",
+        "--idle-timeout",
+        "3s",
+        "--max-sessions",
+        "1",
+    ];
+    ended_session_gives_back_its_slot_and_space(&flags, true, "idle-timeout");
+}
+
+/// Opens a push session that reserves most of a small file system, sends one block, then
+/// moves nothing (sending `keepalives` or not); the server must end it, free its one
+/// session slot and give back the reserved space, saying why (`log_mentions`) in its log.
+fn ended_session_gives_back_its_slot_and_space(
+    flags: &[&str],
+    keepalives: bool,
+    log_mentions: &str,
+) {
+    let Some(site) = Site::on_mount("tmpfs", "size=64m", flags) else {
         return;
     };
     let root = site.root().to_path_buf();
@@ -1213,10 +1240,28 @@ fn an_idle_authenticated_session_is_ended_and_gives_back_its_slot_and_space() {
     .assert_stderr_mentions("busy");
 
     let silent = std::time::Instant::now();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let keeper = keepalives.then(|| {
+        let mut alive = control.stream.try_clone().unwrap();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut frame = Vec::new();
+            encode_frame(&Message::Keepalive, &mut frame);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                && alive.write_all(&frame).is_ok()
+            {
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        })
+    });
     while let Some(msg) = control.recv() {
         assert!(matches!(msg, Message::Error(_)), "unexpected {msg:?}");
     }
     let waited = silent.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(keeper) = keeper {
+        keeper.join().unwrap();
+    }
     assert!(waited < Duration::from_secs(20), "ended after {waited:?}");
     wait_for(
         "the reservation to be given back",
@@ -1234,7 +1279,7 @@ fn an_idle_authenticated_session_is_ended_and_gives_back_its_slot_and_space() {
     .assert_ok();
     assert_eq!(node(&big), node(&root.join("big")));
     let log = site.server.log();
-    assert!(log.contains("stall-timeout"), "{log}");
+    assert!(log.contains(log_mentions), "{log}");
     drop((control, data));
 }
 

@@ -385,6 +385,17 @@ impl Driver {
                     format!("nothing heard for {} s (--stall-timeout)", waited.as_secs()),
                 ),
             ),
+            SessionError::Idle(waited) => Error::network(
+                "no progress from",
+                self.peer(),
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "only keepalives for {} s, nothing of the transfer moved (--idle-timeout)",
+                        waited.as_secs()
+                    ),
+                ),
+            ),
             SessionError::Limit(detail) => Error::Limit(format!("{}: {detail}", self.peer())),
             other => Error::protocol(self.peer(), other),
         }
@@ -553,6 +564,7 @@ impl Driver {
                 block_size: u64::from(p.block_size),
                 window: p.window,
                 stall_timeout: p.stall_timeout,
+                idle_timeout: p.idle_timeout,
                 peer_may_skip: p.features & wanxfer_proto::features::COMPARE != 0,
                 peer_may_hold: p.features
                     & (wanxfer_proto::features::RESUME | wanxfer_proto::features::COMPARE)
@@ -843,6 +855,7 @@ impl Driver {
             ReceiverConfig {
                 window: p.window,
                 stall_timeout: p.stall_timeout,
+                idle_timeout: p.idle_timeout,
                 status_every: STATUS_EVERY,
             },
             now,

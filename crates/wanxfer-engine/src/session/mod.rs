@@ -74,6 +74,9 @@ pub struct Tuning {
     pub transport: Transport,
     /// How long a silent peer (cut link, crashed host) is waited for (local).
     pub stall_timeout: Duration,
+    /// How long a peer that is alive but moves nothing is waited for (local; `None`:
+    /// for ever).
+    pub idle_timeout: Option<Duration>,
     /// Which files a receiver may skip because it has them already.
     pub compare: Compare,
     /// Whether a receiving side makes files durable before it acknowledges them (local).
@@ -89,6 +92,11 @@ pub struct Tuning {
 
 /// A path silent for this long is declared dead.
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A session whose peer sends only keepalives for this long is ended: long enough for a
+/// disk that stalls for minutes, short enough that a stuck or hostile peer does not hold
+/// a session slot and reserved space for hours.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Most reader or writer threads a session runs, whatever is asked: beyond the cores and
 /// the disks' queues they add nothing but memory.
@@ -109,6 +117,7 @@ impl Default for Tuning {
             write: crate::fs::WriteMode::Auto,
             transport: Transport::Tcp,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
             compare: Compare::QuickCheck,
             durable: true,
             resume: true,
@@ -201,6 +210,7 @@ pub struct Params {
     pub compare: Compare,
     pub durable: bool,
     pub stall_timeout: Duration,
+    pub idle_timeout: Option<Duration>,
     /// The features both sides offered (`wanxfer_proto::features`).
     pub features: u64,
     /// A session without encryption: the key this side tags the blocks it sends with.
@@ -234,6 +244,7 @@ impl Params {
             compare: tuning.compare,
             durable: tuning.durable,
             stall_timeout: tuning.stall_timeout,
+            idle_timeout: tuning.idle_timeout,
             features,
             send_key: None,
         }

@@ -81,6 +81,8 @@ pub struct ServerLimits {
     pub fabric_provider: Option<String>,
     /// How long a silent peer is waited for before its session fails.
     pub stall_timeout: Duration,
+    /// How long a peer that sends only keepalives keeps its session.
+    pub idle_timeout: Option<Duration>,
     /// Where journals of interrupted transfers are kept.
     pub state_dir: Option<PathBuf>,
     /// How long the partial files of an abandoned transfer are kept for it to resume.
@@ -118,6 +120,7 @@ impl Default for ServerLimits {
             write: crate::fs::WriteMode::Auto,
             fabric_provider: None,
             stall_timeout: super::DEFAULT_STALL_TIMEOUT,
+            idle_timeout: Some(super::DEFAULT_IDLE_TIMEOUT),
             state_dir: None,
             keep_partial: Duration::from_secs(24 * 3600),
             durable: true,
@@ -780,6 +783,7 @@ impl Connection {
             io: l.io,
             write: l.write,
             stall_timeout: l.stall_timeout,
+            idle_timeout: l.idle_timeout,
             compare: request.compare,
             durable: l.durable,
             ..Tuning::default()

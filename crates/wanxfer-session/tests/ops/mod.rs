@@ -560,6 +560,7 @@ pub fn run(data: &[u8]) -> Reached {
                 block_size: BLOCK_SIZE,
                 window,
                 stall_timeout,
+                idle_timeout: None,
                 peer_may_skip: true,
                 peer_may_hold: true,
             },
@@ -569,6 +570,7 @@ pub fn run(data: &[u8]) -> Reached {
             ReceiverConfig {
                 window,
                 stall_timeout,
+                idle_timeout: None,
                 status_every,
             },
             base,

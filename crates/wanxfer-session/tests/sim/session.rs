@@ -492,6 +492,7 @@ impl<'w> Session<'w> {
                     block_size: cfg.block_size,
                     window: cfg.window,
                     stall_timeout: cfg.stall_timeout,
+                    idle_timeout: None,
                     peer_may_skip: true,
                     peer_may_hold: true,
                 },
@@ -522,6 +523,7 @@ impl<'w> Session<'w> {
                 ReceiverConfig {
                     window: cfg.window,
                     stall_timeout: cfg.stall_timeout,
+                    idle_timeout: None,
                     status_every: cfg.status_every,
                 },
                 base,
