@@ -11,6 +11,12 @@
 //! first sync leaves no final name; between the two, names that are there have their data;
 //! after the second, everything acknowledged is there, whole.
 //!
+//! The second sync of one batch is the first of the next: while files keep coming, one
+//! `syncfs` makes the last batch's names and the new batch's data durable together, so
+//! a tree of small files pays one journal commit per batch, not two (a names-only
+//! `syncfs` costs about 11 ms on this project's test disk, against 44 ms for a batch's
+//! 16 MiB of data). A batch left without a successor within the quiet time syncs alone.
+//!
 //! The same thread appends the journal's checkpoints of partial files: their ranges go
 //! into the journal only after a sync made those ranges durable, so a journaled range is
 //! a range on disk.
@@ -154,26 +160,58 @@ pub struct Symlink {
 }
 
 fn run(rx: &Receiver<Job>, durable: bool, journal: Option<&JournalFile>, report: &Report) {
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        if durable {
-            let started = Instant::now();
-            let mut bytes = 0;
-            while batch.len() < MAX_BATCH_FILES && bytes < MAX_BATCH_BYTES {
-                let left = MAX_BATCH_AGE.saturating_sub(started.elapsed());
-                match rx.recv_timeout(QUIET.min(left)) {
-                    Ok(job) => {
-                        if let Job::Commit(c) = &job {
-                            bytes += c.bytes;
-                        }
-                        batch.push(job);
-                    }
-                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+    // A batch whose names are made but not yet durable. Its sync is the next batch's
+    // first: one `syncfs` makes this batch's names and the next batch's data durable
+    // together, which halves the journal commits of a tree of small files.
+    let mut named: Option<Named> = None;
+    loop {
+        let first = match &named {
+            None => rx.recv().ok(),
+            Some(_) => match rx.recv_timeout(QUIET) {
+                Ok(job) => Some(job),
+                Err(RecvTimeoutError::Timeout) => {
+                    settle(named.take(), journal, report);
+                    continue;
                 }
+                Err(RecvTimeoutError::Disconnected) => None,
+            },
+        };
+        let Some(first) = first else { break };
+        let batch = gather(first, rx, durable);
+        named = flush(batch, named, durable, journal, report);
+    }
+    settle(named, journal, report);
+}
+
+/// `first` and what follows it within a batch's limits (nothing more without syncing).
+fn gather(first: Job, rx: &Receiver<Job>, durable: bool) -> Vec<Job> {
+    let mut batch = vec![first];
+    if durable {
+        let started = Instant::now();
+        let mut bytes = 0;
+        while batch.len() < MAX_BATCH_FILES && bytes < MAX_BATCH_BYTES {
+            let left = MAX_BATCH_AGE.saturating_sub(started.elapsed());
+            match rx.recv_timeout(QUIET.min(left)) {
+                Ok(job) => {
+                    if let Job::Commit(c) = &job {
+                        bytes += c.bytes;
+                    }
+                    batch.push(job);
+                }
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
             }
         }
-        flush(batch, durable, journal, report);
     }
+    batch
+}
+
+/// A batch in its final names, waiting for the sync that makes them (and its journal
+/// records) durable before it is acknowledged.
+struct Named {
+    durable: bool,
+    fds: Vec<OwnedFd>,
+    results: Vec<(u64, Result<(), Error>)>,
+    journaled: Result<(), Error>,
 }
 
 /// One descriptor per file system the batch touched, to sync each once.
@@ -193,18 +231,40 @@ fn sync_all(fds: &[OwnedFd]) -> Result<(), std::io::Error> {
         .try_for_each(|fd| fs::sync_filesystem(fd.as_fd()))
 }
 
-fn flush(batch: Vec<Job>, durable: bool, journal: Option<&JournalFile>, report: &Report) {
+/// Makes `batch`'s data durable together with `previous`'s names (acknowledging those),
+/// then gives `batch` its names; returns it for the next sync. Without `durable` every
+/// file is placed and acknowledged at once.
+fn flush(
+    batch: Vec<Job>,
+    previous: Option<Named>,
+    durable: bool,
+    journal: Option<&JournalFile>,
+    report: &Report,
+) -> Option<Named> {
     let fds = if durable {
-        filesystems(batch.iter().map(|job| match job {
+        let dirs = batch.iter().map(|job| match job {
             Job::Commit(c) => c.temp.dir(),
             Job::Symlink(_, link) => link.dir.as_fd(),
             Job::Checkpoint { temp, .. } => temp.dir(),
-        }))
+        });
+        let previous_dirs = previous
+            .iter()
+            .flat_map(|p| p.fds.iter().map(|fd| fd.as_fd()));
+        filesystems(dirs.chain(previous_dirs))
     } else {
         Vec::new()
     };
-    // 1. Every byte of the batch durable before any name or journal entry points at it.
-    if let Err(e) = sync_all(&fds) {
+    // 1. Every byte of the batch durable before any name or journal entry points at it
+    //    (and, in the same sync, the names of the batch before).
+    let synced = sync_all(&fds);
+    if let Some(previous) = previous {
+        let names = match &synced {
+            Ok(()) => Ok(()),
+            Err(e) => Err(Error::local("sync", "the destination", clone_io(e))),
+        };
+        acknowledge(previous, names, journal, report);
+    }
+    if let Err(e) = synced {
         for job in batch {
             match job {
                 Job::Commit(c) => report(c.id, Err(Error::local("sync", &c.shown, clone_io(&e)))),
@@ -214,7 +274,7 @@ fn flush(batch: Vec<Job>, durable: bool, journal: Option<&JournalFile>, report: 
                 Job::Checkpoint { .. } => {}
             }
         }
-        return;
+        return None;
     }
     // 2. Names and journal records.
     let mut records = Vec::new();
@@ -258,16 +318,45 @@ fn flush(batch: Vec<Job>, durable: bool, journal: Option<&JournalFile>, report: 
         (Some(j), false) => j.append(&records),
         _ => Ok(()),
     };
-    // 3. The names (and the journal) durable before anything is acknowledged.
-    let synced = if durable {
-        sync_all(&fds)
-            .map_err(|e| Error::local("sync", "the destination", e))
-            .and_then(|()| journal.map_or(Ok(()), |j| j.sync()))
-    } else {
-        Ok(())
+    let named = Named {
+        durable,
+        fds,
+        results,
+        journaled,
     };
-    let failure = synced.err().or(journaled.err());
-    for (id, result) in results {
+    if durable {
+        Some(named)
+    } else {
+        acknowledge(named, Ok(()), journal, report);
+        None
+    }
+}
+
+/// 3. A named batch's own sync, when no next batch came to share it.
+fn settle(named: Option<Named>, journal: Option<&JournalFile>, report: &Report) {
+    if let Some(named) = named {
+        let synced = sync_all(&named.fds).map_err(|e| Error::local("sync", "the destination", e));
+        acknowledge(named, synced, journal, report);
+    }
+}
+
+/// Reports a named batch's files once its names are durable (`synced`): the journal's
+/// records are made durable too, and a failure of either fails every file placed.
+fn acknowledge(
+    named: Named,
+    synced: Result<(), Error>,
+    journal: Option<&JournalFile>,
+    report: &Report,
+) {
+    let synced = synced.and_then(|()| {
+        if named.durable {
+            journal.map_or(Ok(()), |j| j.sync())
+        } else {
+            Ok(()) // `--no-fsync`
+        }
+    });
+    let failure = synced.err().or(named.journaled.err());
+    for (id, result) in named.results {
         let result = match (&failure, result) {
             (Some(why), Ok(())) => Err(Error::local(
                 "make durable",
