@@ -456,6 +456,10 @@ def main():
             f.write(text)
         print(text)
         return
+    if os.geteuid() != 0:
+        # sshd needs /run/sshd and its keys' owner; GridFTP maps the user with setuid; xrootd -R.
+        sys.exit("bench/secure.py must run as root: it starts sshd, a GridFTP server that changes "
+                 "user and xrootd as 'nobody'")
     mode = "quick" if a.quick else "full"
     size = dict(SIZES[mode])
     if a.mem_bytes:
