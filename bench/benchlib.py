@@ -23,7 +23,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLK = os.sysconf("SC_CLK_TCK")
-WANXFER = os.path.join(ROOT, "target", "release", "wanxfer")
+# Cargo's own rule: $CARGO_TARGET_DIR when set (each engineer's build has its own), else
+# target/ in the workspace.
+TARGET = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+WANXFER = os.path.join(TARGET, "release", "wanxfer")
 # At least 16 bytes: wanxfer refuses weaker secrets.
 SECRET_ENV = {"WANXFER_SECRET": "bench-secret-0123456789abcdef"}
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the peer tools that bench/peers.py compares wanxfer with (Debian 12 names).
+# Installs the peer tools that bench/peers.py and bench/secure.py compare
+# wanxfer with (Debian 12 names).
 # Bench only: CI and the test suite do not need these (see scripts/install-deps.sh).
 # Idempotent: packages already present are skipped.
 set -euo pipefail
@@ -7,6 +8,8 @@ set -euo pipefail
 PACKAGES=(
   globus-gridftp-server-progs     # globus-gridftp-server
   globus-gass-copy-progs          # globus-url-copy
+  globus-proxy-utils              # grid-proxy-init (secure.py: GridFTP with -dcpriv)
+  openssh-server openssh-client   # secure.py: a throwaway sshd for rsync, scp, sftp
   xrootd-server xrootd-client     # xrootd, xrdcp
   rsync                           # rsync --daemon
   socat                           # tar | socat

@@ -11,7 +11,10 @@
 //! and CPU seconds per GB of each side. An encrypted wanxfer transfer memory to memory is
 //! judged against this.
 //!
-//! `cargo run --release -p wanxfer-engine --example tls_floor -- [GiB]`
+//! `cargo run --release -p wanxfer-engine --example tls_floor -- [GiB] [--floor-only]`
+//!
+//! `--floor-only` skips part 1, so that `bench/secure.py` can run the floor between
+//! wanxfer's runs at the same size without sealing gigabytes in cache first.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -51,12 +54,17 @@ fn per_gb(name: &str, bytes: u64, mut f: impl FnMut(&mut [u8])) {
 }
 
 fn main() {
-    let gib: u64 = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(4);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let floor_only = args.iter().any(|a| a == "--floor-only");
+    let gib: u64 = args.iter().find_map(|a| a.parse().ok()).unwrap_or(4);
     let bytes = gib << 30;
+    if !floor_only {
+        primitives(gib, bytes);
+    }
+    floor(gib, bytes);
+}
 
+fn primitives(gib: u64, bytes: u64) {
     println!("-- primitives, 16 KiB pieces in cache, {gib} GiB each");
     for (name, alg) in [
         ("AES-128-GCM seal", &aead::AES_128_GCM),
@@ -86,7 +94,9 @@ fn main() {
     per_gb("XXH3-128 (unkeyed)", bytes, |buf| {
         std::hint::black_box(twox_hash::XxHash3_128::oneshot(buf));
     });
+}
 
+fn floor(gib: u64, bytes: u64) {
     println!("-- floor: AES-128-GCM records over loopback, {gib} GiB");
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
