@@ -497,6 +497,19 @@ fn bad_tokens_are_refused_and_touch_nothing() {
         .env("WANXFER_STATE_DIR", state_dir());
     Run::from_cmd(cmd).assert_code(2);
     assert_eq!(tree(&pki.path("data")), before);
+    // Never to a server whose certificate is neither verified (--ca) nor pinned: without
+    // the secret, nothing else says it is the server meant.
+    let mut cmd = Command::new(wanxfer_bin());
+    cmd.args(["cp", "--quiet", "--token"])
+        .arg(&good)
+        .arg(&src)
+        .arg(server.url("data/in/y"))
+        .env_remove("WANXFER_SECRET")
+        .env("WANXFER_STATE_DIR", pki.path("fresh-client-state"));
+    let r = Run::from_cmd(cmd);
+    r.assert_code(3);
+    assert!(r.stderr.contains("not pinned yet"), "{}", r.stderr);
+    assert_eq!(tree(&pki.path("data")), before);
 }
 
 #[test]

@@ -1121,10 +1121,11 @@ impl Connection {
                         reason: "the name is reserved".into(),
                     });
                 }
-                // Writing where something exists may replace it: more than creating.
-                let access = match root.meta(&dest)? {
-                    Some(_) => Access::Modify,
-                    None => Access::Create,
+                // Writing where something exists may replace it: more than creating. A
+                // path that cannot be looked at asks for the most; placing says why.
+                let access = match root.meta(&dest) {
+                    Ok(None) => Access::Create,
+                    _ => Access::Modify,
                 };
                 authorize(identity, export, &dest, access)?;
                 let (placement, wire) =
