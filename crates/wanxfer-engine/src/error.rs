@@ -42,6 +42,11 @@ pub enum Error {
     },
     #[error("refused {path}: {reason}")]
     Refused { path: String, reason: String },
+    /// The client authenticated but may not do this here (its identity is not listed
+    /// for the export, or its token's scopes do not cover the path); `path` as the client
+    /// named it.
+    #[error("not authorized for {path}: {reason}")]
+    Denied { path: String, reason: String },
     #[error("limit exceeded: {0}")]
     Limit(String),
     #[error("{peer} reported: {message}")]
@@ -134,7 +139,7 @@ impl Error {
     pub fn class(&self) -> ErrorClass {
         match self {
             Error::Usage(_) => ErrorClass::Usage,
-            Error::Auth { .. } => ErrorClass::Auth,
+            Error::Auth { .. } | Error::Denied { .. } => ErrorClass::Auth,
             Error::Network { .. } | Error::Cancelled => ErrorClass::Network,
             Error::Protocol { .. } => ErrorClass::Protocol,
             Error::Integrity { .. } => ErrorClass::Integrity,
@@ -154,7 +159,7 @@ impl Error {
     /// The class a peer is told when this error ends a file or a session on our side.
     pub fn wire_class(&self) -> FailureClass {
         match self {
-            Error::Auth { .. } => FailureClass::Auth,
+            Error::Auth { .. } | Error::Denied { .. } => FailureClass::Auth,
             Error::Protocol { .. } => FailureClass::Protocol,
             Error::Integrity { .. } => FailureClass::Integrity,
             Error::LocalIo { .. } => FailureClass::Io,

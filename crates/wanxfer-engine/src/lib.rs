@@ -14,6 +14,7 @@
 //! What the engine does not do: print, parse command lines, or pick policy defaults for a
 //! user; the `wanxfer` binary does that.
 
+pub mod auth;
 pub mod commit;
 pub mod digest;
 mod error;

@@ -157,6 +157,19 @@ impl Stream {
         }
     }
 
+    /// The end-entity certificate (DER) the peer presented and TLS verified, if any.
+    pub fn peer_certificate(&self) -> Option<Vec<u8>> {
+        match &*self.layer {
+            Layer::Tls(t) => {
+                let conn = t.conn.lock().unwrap_or_else(|e| e.into_inner());
+                conn.peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .map(|c| c.to_vec())
+            }
+            _ => None,
+        }
+    }
+
     pub fn is_encrypted(&self) -> bool {
         !matches!(*self.layer, Layer::Plain(_))
     }

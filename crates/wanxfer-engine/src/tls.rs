@@ -200,10 +200,46 @@ impl ServerIdentity {
 
     /// A rustls configuration serving this identity.
     pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, Error> {
-        let mut config = rustls::ServerConfig::builder_with_provider(crypto_provider())
+        self.server_config_with(None)
+    }
+
+    /// A rustls configuration serving this identity that also asks clients for a
+    /// certificate issued by `client_ca` (PEM). Asks, not requires: clients with the
+    /// secret or a token present none, and a client that says it authenticates by its
+    /// certificate without presenting one is refused after the handshake, by name.
+    pub fn server_config_with(
+        &self,
+        client_ca: Option<&Path>,
+    ) -> Result<Arc<rustls::ServerConfig>, Error> {
+        let provider = crypto_provider();
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
-            .map_err(|e| Error::Internal(format!("TLS configuration: {e}")))?
-            .with_no_client_auth()
+            .map_err(|e| Error::Internal(format!("TLS configuration: {e}")))?;
+        let builder = match client_ca {
+            None => builder.with_no_client_auth(),
+            Some(file) => {
+                let mut roots = rustls::RootCertStore::empty();
+                let certs = CertificateDer::pem_file_iter(file)
+                    .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                    .map_err(|e| pem_error(file, "client CA certificates", e))?;
+                let (added, _) = roots.add_parsable_certificates(certs);
+                if added == 0 {
+                    return Err(Error::Usage(format!(
+                        "--client-ca {}: no usable CA certificate in it",
+                        file.display()
+                    )));
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| Error::Usage(format!("--client-ca {}: {e}", file.display())))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config = builder
             .with_single_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|e| {
                 Error::Usage(format!(
@@ -478,6 +514,16 @@ pub struct ClientTls {
 impl ClientTls {
     /// The configuration for connections to `server` (`HOST:PORT`).
     pub fn new(server: &str, trust: &Trust) -> Result<ClientTls, Error> {
+        ClientTls::with_client_cert(server, trust, None)
+    }
+
+    /// The same, presenting the certificate chain and key `client_cert` (PEM files) to a
+    /// server that asks for one (mutual TLS).
+    pub fn with_client_cert(
+        server: &str,
+        trust: &Trust,
+        client_cert: Option<&(PathBuf, PathBuf)>,
+    ) -> Result<ClientTls, Error> {
         let host = host_of(server);
         let name = ServerName::try_from(host.to_string())
             .map_err(|_| Error::Usage(format!("{server}: not a host name or address for TLS")))?;
@@ -513,7 +559,21 @@ impl ClientTls {
                 (builder.with_root_certificates(roots), None)
             }
         };
-        let mut config = builder.with_no_client_auth();
+        let mut config = match client_cert {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => {
+                let own = ServerIdentity::from_files(cert, key)?;
+                builder
+                    .with_client_auth_cert(own.chain.clone(), own.key.clone_key())
+                    .map_err(|e| {
+                        Error::Usage(format!(
+                            "the client certificate and key ({}, {}): {e}",
+                            cert.display(),
+                            key.display()
+                        ))
+                    })?
+            }
+        };
         config.enable_secret_extraction = true;
         config.resumption = rustls::client::Resumption::disabled();
         Ok(ClientTls {

@@ -63,7 +63,7 @@ pub fn errno_of(e: &Error) -> i32 {
             OpFailure::Limit => libc::E2BIG,
             _ => libc::EIO,
         },
-        Error::Auth { .. } => libc::EACCES,
+        Error::Auth { .. } | Error::Denied { .. } => libc::EACCES,
         Error::Network { source, .. } => match source.raw_os_error() {
             Some(code) => code,
             None if source.kind() == std::io::ErrorKind::TimedOut => libc::ETIMEDOUT,

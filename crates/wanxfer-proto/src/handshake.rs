@@ -25,6 +25,14 @@
 //! side for blocks. They come from the session key through HMAC with distinct labels, so
 //! none of them says anything about another or about the secret.
 //!
+//! A client that authenticates with a credential instead (a bearer token, or the X.509
+//! certificate it presented in TLS) says so with [`features::CREDENTIAL`] and runs the same
+//! proofs keyed by a public constant: what makes them secret is the binding, which only
+//! the two ends of the TLS connection know, so the session key and channel joins are as
+//! good as that connection; the credential follows the proof inside TLS, and the server
+//! decides on it. Both machines refuse this on a connection without TLS, where the binding
+//! is all zeros and anyone could compute the key.
+//!
 //! Order on a control connection: server `Hello` and client `Hello` (both at once), client
 //! `AuthProof`, server `AuthOk` (or `Error` with [`FailureClass::Auth`]). The caller
 //! supplies nonces and the binding, so tests are deterministic; in production nonces come
@@ -44,6 +52,9 @@ const SESSION_KEY_LABEL: &[u8] = b"wanxfer/6 session key";
 const CHANNEL_LABEL: &[u8] = b"wanxfer/6 channel proof";
 const CONTROL_KEY_LABEL: &[u8] = b"wanxfer/6 control frames from the";
 const BLOCK_KEY_LABEL: &[u8] = b"wanxfer/6 blocks from the";
+/// The "secret" of a client that authenticates with a credential: public, so that only
+/// the TLS binding keys its proofs and session.
+const CREDENTIAL_KEY: &[u8] = b"wanxfer/6 credential client: keyed by the TLS binding";
 
 /// What ties a handshake to the connection it runs on: a TLS connection's exporter
 /// output, or [`NO_BINDING`] on a connection without encryption.
@@ -88,6 +99,13 @@ pub enum HandshakeError {
     Version(u16),
     #[error("unexpected {0} during the handshake")]
     Unexpected(&'static str),
+    /// A credential (token or certificate) offered or asked for on a connection without
+    /// TLS, where it would be readable and the session key computable by anyone.
+    #[error("a token or certificate is only accepted over TLS: drop --no-encryption")]
+    CredentialWithoutTls,
+    /// The client offered a credential to a server that takes only the shared secret.
+    #[error("the server accepts only the shared secret, not tokens or certificates")]
+    NoCredentials,
 }
 
 /// What a side does next.
@@ -288,6 +306,14 @@ impl ClientHandshake {
         self
     }
 
+    /// A client that authenticates with a credential, sent after the proof, rather than
+    /// the shared secret (which it need not have).
+    pub fn with_credential(mut self) -> Self {
+        self.secret = CREDENTIAL_KEY.to_vec();
+        self.features |= features::CREDENTIAL;
+        self
+    }
+
     /// The first message to send, at once: it does not depend on the server's greeting.
     pub fn hello(&self) -> Message {
         hello(self.client_nonce, self.features)
@@ -308,6 +334,14 @@ impl ClientHandshake {
             (_, Message::Error(e)) => Err(refused(&e)),
             (ClientState::AwaitHello, Message::Hello(h)) => {
                 check_version(&h)?;
+                if self.features & features::CREDENTIAL != 0 {
+                    if self.binding == NO_BINDING {
+                        return Err(HandshakeError::CredentialWithoutTls);
+                    }
+                    if h.features & features::CREDENTIAL == 0 {
+                        return Err(HandshakeError::NoCredentials);
+                    }
+                }
                 let mut auth =
                     Authenticated::new(&self.secret, &self.client_nonce, &h.nonce, &self.binding);
                 auth.features = self.features;
@@ -388,6 +422,17 @@ impl ServerHandshake {
                 Ok(Step::Wait)
             }
             (ServerState::AwaitProof(h), Message::AuthProof { mac: given }) => {
+                if h.features & features::CREDENTIAL != 0 {
+                    if self.features & features::CREDENTIAL == 0 {
+                        return Err(HandshakeError::NoCredentials);
+                    }
+                    if self.binding == NO_BINDING {
+                        return Err(HandshakeError::CredentialWithoutTls);
+                    }
+                    // From here on the proofs are keyed by the binding alone; who the
+                    // client is, the credential that follows says.
+                    self.secret = CREDENTIAL_KEY.to_vec();
+                }
                 let expected = proof(
                     &self.secret,
                     CLIENT_LABEL,
@@ -606,5 +651,90 @@ mod tests {
         };
         h.version = 4;
         assert_eq!(s.handle(Message::Hello(h)), Err(HandshakeError::Version(4)));
+    }
+
+    fn credential_run(
+        client_binding: Binding,
+        server_binding: Binding,
+        server_features: u64,
+    ) -> Result<(Authenticated, Authenticated), HandshakeError> {
+        let mut c = ClientHandshake::new(b"", [1; 32], features::SUPPORTED)
+            .with_binding(client_binding)
+            .with_credential();
+        let mut s = ServerHandshake::new(b"the real secret", [2; 32], server_features);
+        s.set_binding(server_binding);
+        let Step::Send(proof) = c.handle(s.hello())? else {
+            panic!("client sends proof")
+        };
+        assert_eq!(s.handle(c.hello())?, Step::Wait);
+        let Step::SendAndDone(ok, server_auth) = s.handle(proof)? else {
+            panic!("server done")
+        };
+        let Step::Done(client_auth) = c.handle(ok)? else {
+            panic!("client done")
+        };
+        Ok((client_auth, server_auth))
+    }
+
+    /// A credential client needs no secret: both ends of one TLS connection agree on the
+    /// session key; anyone else (another connection, a man in the middle) does not.
+    #[test]
+    fn a_credential_client_is_keyed_by_its_tls_connection() {
+        let both = features::SUPPORTED | features::CREDENTIAL;
+        let (client, server) = credential_run([3; 32], [3; 32], both).unwrap();
+        assert_eq!(client.session_key, server.session_key);
+        assert_ne!(server.peer_features & features::CREDENTIAL, 0);
+        let (other, _) = credential_run([4; 32], [4; 32], both).unwrap();
+        assert_ne!(other.session_key, client.session_key);
+        assert_eq!(
+            credential_run([3; 32], [5; 32], both).unwrap_err(),
+            HandshakeError::BadProof
+        );
+    }
+
+    #[test]
+    fn a_credential_is_refused_without_tls_or_by_a_secret_only_server() {
+        let both = features::SUPPORTED | features::CREDENTIAL;
+        assert_eq!(
+            credential_run(NO_BINDING, NO_BINDING, both).unwrap_err(),
+            HandshakeError::CredentialWithoutTls
+        );
+        assert_eq!(
+            credential_run([3; 32], [3; 32], features::SUPPORTED).unwrap_err(),
+            HandshakeError::NoCredentials
+        );
+        // A server sees the same even if the client's check were skipped.
+        let mut s = ServerHandshake::new(b"x", [2; 32], both);
+        let Message::Hello(mut h) = hello([1; 32], features::CREDENTIAL) else {
+            unreachable!()
+        };
+        h.features |= features::CREDENTIAL;
+        s.handle(Message::Hello(h)).unwrap();
+        assert_eq!(
+            s.handle(Message::AuthProof { mac: [0; 32] }),
+            Err(HandshakeError::CredentialWithoutTls)
+        );
+    }
+
+    /// The secret-keyed proof of a credential client never passes for a secret client's.
+    #[test]
+    fn a_secret_server_does_not_take_a_credential_proof_for_a_secret_one() {
+        let mut c = ClientHandshake::new(b"", [1; 32], features::SUPPORTED)
+            .with_binding([3; 32])
+            .with_credential();
+        let mut s = ServerHandshake::new(b"s3cret", [2; 32], features::SUPPORTED);
+        s.set_binding([3; 32]);
+        let Step::Send(proof) = c
+            .handle(hello([2; 32], features::SUPPORTED | features::CREDENTIAL))
+            .unwrap()
+        else {
+            panic!()
+        };
+        let Message::Hello(mut stripped) = c.hello() else {
+            unreachable!()
+        };
+        stripped.features &= !features::CREDENTIAL;
+        s.handle(Message::Hello(stripped)).unwrap();
+        assert_eq!(s.handle(proof), Err(HandshakeError::BadProof));
     }
 }

@@ -71,6 +71,15 @@ pub mod features {
     /// The receiver skips files it already has ([`crate::Message::UpToDate`]).
     pub const COMPARE: u64 = 1 << 5;
 
+    /// The client authenticates with a credential (a bearer token, or the X.509
+    /// certificate it presented in TLS) instead of the shared secret; a server sets it
+    /// when it accepts credentials. Not in [`SUPPORTED`]: a client offers it only to say
+    /// how it authenticates, and the handshake's proofs (which cover both feature sets)
+    /// are then keyed by the TLS connection's exporter alone, so it is refused on a
+    /// connection without TLS. The credential itself follows the proof as
+    /// [`crate::Message::Credential`].
+    pub const CREDENTIAL: u64 = 1 << 6;
+
     /// What this build implements.
     pub const SUPPORTED: u64 = BLOCK_CRC32C | FILE_XXH3_128 | FABRIC | RESUME | COMPARE;
 

@@ -30,6 +30,9 @@ pub const MAX_HELD_RANGES_PER_FILE: usize = 65_536;
 pub const MAX_SKIPPED_PATHS: usize = 256;
 /// Longest software identification string in [`Hello`].
 pub const MAX_SOFTWARE_BYTES: usize = 64;
+/// Largest bearer token a client may present. WLCG tokens are a few kilobytes (the
+/// profile asks issuers to stay well under 8 KiB so that tokens fit in HTTP headers).
+pub const MAX_TOKEN_BYTES: usize = 16 << 10;
 
 /// What frames start with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -394,6 +397,26 @@ pub struct Stats {
     pub io_fallback: Vec<u8>,
 }
 
+/// A client's credential (see [`crate::features::CREDENTIAL`]).
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Credential {
+    /// A bearer token (a JWT, WLCG/SciTokens profile), at most [`MAX_TOKEN_BYTES`].
+    Token(Vec<u8>),
+    /// The X.509 certificate this client presented in the TLS handshake.
+    Certificate,
+}
+
+/// A token is a password: it is never printed, even in a debug dump of a frame.
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credential::Token(t) => write!(f, "Token({} bytes)", t.len()),
+            Credential::Certificate => f.write_str("Certificate"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Message {
@@ -454,6 +477,9 @@ pub enum Message {
     /// Nothing else to say, but still here: a session silent for its stall timeout is
     /// dead.
     Keepalive,
+    /// How a client that set [`crate::features::CREDENTIAL`] authenticates, sent right
+    /// after its proof and before its request; only ever inside TLS.
+    Credential(Credential),
     /// Instead of [`OpenSession`]: a remote operation (see [`crate::ops`]).
     OpRequest(OpRequest),
     OpReply(OpReply),
@@ -486,7 +512,8 @@ impl Message {
             Message::DropChannel { .. } => 22,
             Message::Skipped { .. } => 23,
             Message::Keepalive => 24,
-            // 25-39: reserved for the session layer's messages.
+            Message::Credential(_) => 25,
+            // 26-39: reserved for the session layer's messages.
             Message::OpRequest(_) => 40,
             Message::OpReply(_) => 41,
         }
@@ -591,6 +618,13 @@ impl Message {
                 paths.iter().for_each(|p| e.bytes(p));
             }
             Message::Keepalive => {}
+            Message::Credential(c) => match c {
+                Credential::Token(token) => {
+                    e.u8(1);
+                    e.bytes(token);
+                }
+                Credential::Certificate => e.u8(2),
+            },
             Message::OpRequest(r) => ops::encode_request(r, e),
             Message::OpReply(r) => ops::encode_reply(r, e),
         }
@@ -731,6 +765,22 @@ impl Message {
                 Message::Skipped { paths }
             }
             24 => Message::Keepalive,
+            25 => Message::Credential(match d.u8()? {
+                1 => {
+                    let token = d.bytes("token", MAX_TOKEN_BYTES)?;
+                    if token.is_empty() {
+                        return Err(DecodeError::Invalid("an empty token"));
+                    }
+                    Credential::Token(token.to_vec())
+                }
+                2 => Credential::Certificate,
+                other => {
+                    return Err(DecodeError::Unknown {
+                        what: "credential kind",
+                        value: other.into(),
+                    })
+                }
+            }),
             40 => Message::OpRequest(ops::decode_request(&mut d)?),
             41 => Message::OpReply(ops::decode_reply(&mut d)?),
             other => {

@@ -316,6 +316,9 @@ fn message() -> impl Strategy<Value = Message> {
         prop::collection::vec(prop::collection::vec(any::<u8>(), 0..30), 0..5)
             .prop_map(|paths| Message::Skipped { paths }),
         Just(Message::Keepalive),
+        prop::collection::vec(any::<u8>(), 1..200)
+            .prop_map(|t| Message::Credential(Credential::Token(t))),
+        Just(Message::Credential(Credential::Certificate)),
         (any::<[u8; 16]>(), any::<u16>(), any::<[u8; 32]>()).prop_map(
             |(session_id, index, proof)| Message::ChannelJoin(ChannelJoin {
                 session_id,
@@ -484,4 +487,30 @@ proptest! {
             prop_assert!(decode_frame(&buf).is_err());
         }
     }
+}
+
+/// A token longer than the limit is refused from its length, before it is read; an empty
+/// one is refused too (it could only be a client's mistake).
+#[test]
+fn tokens_are_bounded_and_never_empty() {
+    let at_limit = Message::Credential(Credential::Token(vec![b'a'; MAX_TOKEN_BYTES]));
+    let mut frame = Vec::new();
+    encode_frame(&at_limit, &mut frame);
+    assert_eq!(decode_frame(&frame).unwrap(), at_limit);
+    let mut body = vec![1u8];
+    body.extend_from_slice(&(MAX_TOKEN_BYTES as u32 + 1).to_le_bytes());
+    assert!(matches!(
+        Message::decode(25, &body),
+        Err(DecodeError::TooLong { what: "token", .. })
+    ));
+    let mut empty = vec![1u8];
+    empty.extend_from_slice(&0u32.to_le_bytes());
+    assert!(Message::decode(25, &empty).is_err());
+    assert!(matches!(
+        Message::decode(25, &[3]),
+        Err(DecodeError::Unknown {
+            what: "credential kind",
+            ..
+        })
+    ));
 }

@@ -125,6 +125,7 @@ impl RemoteArgs {
         let mut config = ClientConfig::new(server.to_string(), secret, tuning);
         config.connect_timeout = Duration::from_secs(self.connect_timeout.max(1));
         config.security = self.security.security(false);
+        config.client_cert = self.security.identity.pair().ok().flatten();
         config
     }
 }
@@ -142,6 +143,43 @@ pub struct SecurityArgs {
     /// known_hosts).
     #[arg(long, value_name = "FILE", conflicts_with = "no_encryption")]
     pub ca: Option<PathBuf>,
+    /// Authenticate with this bearer token (a JWT, WLCG/SciTokens profile) instead of the
+    /// shared secret. Without it and without a secret, the WLCG discovery is followed:
+    /// BEARER_TOKEN, BEARER_TOKEN_FILE, then $XDG_RUNTIME_DIR/bt_u<UID>. Sent only over
+    /// TLS, to a server verified by --ca or already pinned.
+    #[arg(long, value_name = "FILE", conflicts_with = "no_encryption")]
+    pub token: Option<PathBuf>,
+    #[command(flatten)]
+    pub identity: CertArgs,
+}
+
+/// The certificate this side presents in TLS: `serve`'s own identity, or a client's for
+/// mutual TLS (the server then knows it by the certificate's subject DN).
+#[derive(Debug, Clone, Args)]
+pub struct CertArgs {
+    /// The certificate chain (PEM) this side presents in TLS; with --key. A server without
+    /// one creates a key and a self-signed certificate in its state directory on first
+    /// start and prints the fingerprint clients pin; a client with one authenticates by
+    /// it (mutual TLS) when it has no token, to a server started with --client-ca.
+    #[arg(long, value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// The private key (PEM) of --cert.
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+}
+
+impl CertArgs {
+    /// Both files, or neither. Checked here rather than by clap's `requires`, which
+    /// would also refuse a configuration file's keys checked one at a time.
+    pub fn pair(&self) -> Result<Option<(PathBuf, PathBuf)>, Error> {
+        match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => Ok(Some((cert.clone(), key.clone()))),
+            (None, None) => Ok(None),
+            _ => Err(Error::Usage(
+                "--cert and --key (or the keys cert and key) go together".into(),
+            )),
+        }
+    }
 }
 
 impl SecurityArgs {
@@ -325,14 +363,18 @@ pub struct ServeArgs {
     /// secret comes from WANXFER_SECRET.
     #[arg(long, value_name = "FILE")]
     pub secret_file: Option<PathBuf>,
-    /// The TLS certificate chain (PEM) to present; with --key. Without them the server
-    /// creates a key and a self-signed certificate in its state directory on first start
-    /// and prints the fingerprint clients pin.
+    #[command(flatten)]
+    pub identity: CertArgs,
+    /// Ask clients for an X.509 certificate issued by these CAs (PEM): a client that
+    /// presents one is known by its subject DN (`dn:...` in an export's read and write
+    /// lists). Clients with the secret or a token still present none.
     #[arg(long, value_name = "FILE")]
-    pub cert: Option<PathBuf>,
-    /// The private key (PEM) of --cert.
-    #[arg(long, value_name = "FILE")]
-    pub key: Option<PathBuf>,
+    pub client_ca: Option<PathBuf>,
+    /// This server's name in bearer tokens' `aud` (repeat for several); tokens for
+    /// https://wlcg.cern.ch/jwt/v1/any are accepted too. Issuers and their keys are
+    /// `[[issuer]]` tables of the configuration file.
+    #[arg(long, value_name = "AUDIENCE")]
+    pub audience: Vec<String>,
     /// Also accept clients that ask for no encryption (cp --no-encryption): their files
     /// and names cross the network in plaintext, authenticated but readable by anyone on
     /// the path. Encrypted clients are served as usual.
@@ -479,6 +521,8 @@ impl ServeArgs {
             max_pending: self.max_pending.max(1),
             max_pending_per_address: self.max_pending_per_address.max(1),
             allow_unencrypted: self.allow_unencrypted,
+            client_ca: self.client_ca.clone(),
+            audiences: self.audience.clone(),
             ..ServerLimits::default()
         }
     }
@@ -723,6 +767,7 @@ impl CpArgs {
             config.state_dir = dir.clone();
         }
         config.security = self.security.security(self.quiet);
+        config.client_cert = self.security.identity.pair()?;
         Ok(Request { config, job })
     }
 

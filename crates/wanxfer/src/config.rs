@@ -8,6 +8,12 @@
 //! line for the flags the command line (or the environment) did not give, which is how
 //! the command line wins, and the result is parsed by clap once more as a whole.
 //!
+//! Two keys are not flags, because a flag cannot say them: `[[export]]` and `[[issuer]]`,
+//! arrays of tables (each export a name, a directory and who may read and write; each
+//! issuer a URL and the file of its public keys). They are read apart, by
+//! [`auth_tables`], checked here with the rest (so `--check-config` names their
+//! problems too), and never become arguments.
+//!
 //! What this does not do: paths in the file are taken as on the command line (relative
 //! to the working directory, not to the file), and the file is read once, at start; a
 //! changed file takes a restart.
@@ -20,10 +26,166 @@ use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, ArgMatches, CommandFactory};
 
 use crate::args::Cli;
+use wanxfer_engine::auth::{ExportConfig, Grant, IssuerConfig};
 use wanxfer_engine::ops::edit_distance;
 
 /// Flags of `serve` that only make sense on the command line.
 const NOT_KEYS: [&str; 2] = ["config", "check-config"];
+
+/// Keys that hold tables rather than a flag's value.
+const TABLE_KEYS: [&str; 2] = ["export", "issuer"];
+
+/// The `[[export]]` and `[[issuer]]` tables of a configuration file.
+#[derive(Debug, Default)]
+pub struct AuthTables {
+    pub exports: Vec<ExportConfig>,
+    pub issuers: Vec<IssuerConfig>,
+}
+
+/// The tables of `file` (already checked by [`parse`], which read it first).
+pub fn auth_tables(file: &Path) -> Result<AuthTables, wanxfer_engine::Error> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| wanxfer_engine::Error::local("reading", file.display(), e))?;
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        wanxfer_engine::Error::Usage(format!("{}: not valid TOML: {e}", file.display()))
+    })?;
+    tables(&table).map_err(|problems| {
+        wanxfer_engine::Error::Usage(
+            problems
+                .iter()
+                .map(|p| format!("{}: {p}", file.display()))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        )
+    })
+}
+
+/// Reads the tables, or says what is wrong with each.
+fn tables(table: &toml::Table) -> Result<AuthTables, Vec<String>> {
+    let mut out = AuthTables::default();
+    let mut problems = Vec::new();
+    let list = |key: &str, problems: &mut Vec<String>| -> Vec<toml::Table> {
+        match table.get(key) {
+            None => Vec::new(),
+            Some(toml::Value::Array(items)) => items
+                .iter()
+                .filter_map(|item| match item {
+                    toml::Value::Table(t) => Some(t.clone()),
+                    other => {
+                        problems.push(format!("[[{key}]]: expected a table, not {}", kind(other)));
+                        None
+                    }
+                })
+                .collect(),
+            Some(other) => {
+                problems.push(format!(
+                    "`{key}`: expected [[{key}]] tables, not {}",
+                    kind(other)
+                ));
+                Vec::new()
+            }
+        }
+    };
+    for (i, t) in list("export", &mut problems).iter().enumerate() {
+        let at = format!("[[export]] #{}", i + 1);
+        check_fields(t, &at, &["name", "path", "read", "write"], &mut problems);
+        let name = string_field(t, "name", &at, &mut problems);
+        let path = string_field(t, "path", &at, &mut problems);
+        let read = grants_field(t, "read", &at, &mut problems);
+        let write = grants_field(t, "write", &at, &mut problems);
+        if let (Some(name), Some(path)) = (name, path) {
+            out.exports.push(ExportConfig {
+                name,
+                path: PathBuf::from(path),
+                read,
+                write,
+            });
+        }
+    }
+    for (i, t) in list("issuer", &mut problems).iter().enumerate() {
+        let at = format!("[[issuer]] #{}", i + 1);
+        check_fields(t, &at, &["issuer", "jwks"], &mut problems);
+        let issuer = string_field(t, "issuer", &at, &mut problems);
+        let jwks = string_field(t, "jwks", &at, &mut problems);
+        if let (Some(issuer), Some(jwks)) = (issuer, jwks) {
+            out.issuers.push(IssuerConfig {
+                issuer,
+                jwks: PathBuf::from(jwks),
+            });
+        }
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(problems)
+    }
+}
+
+fn check_fields(t: &toml::Table, at: &str, known: &[&str], problems: &mut Vec<String>) {
+    for key in t.keys() {
+        if !known.contains(&key.as_str()) {
+            problems.push(format!(
+                "{at}: unknown key `{key}` (known: {})",
+                known.join(", ")
+            ));
+        }
+    }
+}
+
+fn string_field(
+    t: &toml::Table,
+    key: &str,
+    at: &str,
+    problems: &mut Vec<String>,
+) -> Option<String> {
+    match t.get(key) {
+        Some(toml::Value::String(s)) if !s.is_empty() => Some(s.clone()),
+        Some(other) => {
+            problems.push(format!(
+                "{at}: `{key}` must be a non-empty string, not {}",
+                kind(other)
+            ));
+            None
+        }
+        None => {
+            problems.push(format!("{at}: `{key}` is missing"));
+            None
+        }
+    }
+}
+
+/// An export's `read` or `write` list; missing means nobody.
+fn grants_field(t: &toml::Table, key: &str, at: &str, problems: &mut Vec<String>) -> Vec<Grant> {
+    let Some(value) = t.get(key) else {
+        return Vec::new();
+    };
+    let toml::Value::Array(items) = value else {
+        problems.push(format!(
+            "{at}: `{key}` must be an array of identities, not {}",
+            kind(value)
+        ));
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|item| match item {
+            toml::Value::String(text) => match Grant::parse(text) {
+                Ok(g) => Some(g),
+                Err(why) => {
+                    problems.push(format!("{at}: `{key}`: {why}"));
+                    None
+                }
+            },
+            other => {
+                problems.push(format!(
+                    "{at}: `{key}`: expected a string, not {}",
+                    kind(other)
+                ));
+                None
+            }
+        })
+        .collect()
+}
 
 /// Why the command line could not be turned into a [`Cli`].
 #[derive(Debug)]
@@ -110,7 +272,13 @@ fn read(file: &Path) -> Result<Vec<Setting>, Vec<String>> {
     let mut settings = Vec::new();
     let mut problems = Vec::new();
     let mut seen: HashMap<&str, &str> = HashMap::new();
+    if let Err(more) = tables(&table) {
+        problems.extend(more);
+    }
     for (key, value) in &table {
+        if TABLE_KEYS.contains(&key.as_str()) {
+            continue;
+        }
         let long = key.replace('_', "-");
         let Some(arg) = keys.iter().find(|a| a.get_long() == Some(long.as_str())) else {
             problems.push(unknown_key(key, &long, &keys));

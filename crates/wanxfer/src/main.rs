@@ -148,22 +148,33 @@ fn on_signal() -> Cancel {
 }
 
 fn serve(args: ServeArgs) -> Result<(), Error> {
-    let root = args.root()?;
-    let secret = secret::for_server(args.secret_file.as_deref())?;
-    let mut limits = args.limits(root);
-    // Checked here rather than by clap's `requires`, which would also refuse a
-    // configuration file's keys checked one at a time.
-    match (&args.cert, &args.key) {
-        (Some(cert), Some(key)) => {
-            limits.identity = Some(wanxfer_engine::tls::ServerIdentity::from_files(cert, key)?);
-        }
-        (None, None) => {}
-        _ => {
+    let tables = match &args.config {
+        Some(file) => config::auth_tables(file)?,
+        None => config::AuthTables::default(),
+    };
+    // With exports, --root is not needed: the first export stands for the server where
+    // one directory is named (the default state directory, the start line).
+    let first_export = tables.exports.first().map(|e| e.path.clone());
+    let root = match (&first_export, &args.root) {
+        (Some(_), Some(_)) => {
             return Err(Error::Usage(
-                "--cert and --key (or the keys cert and key) go together".into(),
+                "give either --root (one directory, the shared secret reads and writes it) or \
+                 [[export]] tables, not both"
+                    .into(),
             ))
         }
+        (Some(first), None) => first.as_path(),
+        (None, _) => args.root()?,
+    };
+    let secret = secret::for_server(args.secret_file.as_deref())?;
+    let mut limits = args.limits(root);
+    if let Some((cert, key)) = args.identity.pair()? {
+        limits.identity = Some(wanxfer_engine::tls::ServerIdentity::from_files(
+            &cert, &key,
+        )?);
     }
+    limits.exports = tables.exports;
+    limits.issuers = tables.issuers;
     let server = Server::bind(&args.listen, root, secret, limits.clone())?;
     let addr = server.local_addr()?;
     // The one start line, on stdout: scripts and tests read the address from it (the port
@@ -204,8 +215,10 @@ fn with_json_error(json: bool, result: Result<(), Error>) -> Result<(), Error> {
 }
 
 fn cp(args: CpArgs) -> Result<(), Error> {
-    let secret = secret::for_client(args.secret_file.as_deref())?;
+    let (secret, credential) =
+        secret::for_client_with(args.secret_file.as_deref(), &args.security)?;
     let mut request = args.request(secret)?;
+    request.config.credential = credential;
     request.config.cancel = on_signal();
     let progress = Arc::new(Progress::default());
     let bar = output::ProgressView::start(progress.clone(), args.show_progress());

@@ -22,22 +22,26 @@ use crate::args::{LsArgs, MkdirArgs, MvArgs, RemoteArgs, RmArgs, StatArgs, SumAr
 struct Clients<'a> {
     remote: &'a RemoteArgs,
     secret: Vec<u8>,
+    credential: Option<wanxfer_engine::session::ClientCredential>,
     open: HashMap<String, Client>,
 }
 
 impl<'a> Clients<'a> {
     fn new(remote: &'a RemoteArgs) -> Result<Clients<'a>, Error> {
-        let secret = crate::secret::for_client(remote.secret_file.as_deref())?;
+        let (secret, credential) =
+            crate::secret::for_client_with(remote.secret_file.as_deref(), &remote.security)?;
         Ok(Clients {
             remote,
             secret,
+            credential,
             open: HashMap::new(),
         })
     }
 
     fn get(&mut self, server: &str) -> Result<&mut Client, Error> {
         if !self.open.contains_key(server) {
-            let cfg: ClientConfig = self.remote.config(server, self.secret.clone());
+            let mut cfg: ClientConfig = self.remote.config(server, self.secret.clone());
+            cfg.credential = self.credential.clone();
             self.open.insert(server.to_string(), Client::connect(&cfg)?);
         }
         Ok(self.open.get_mut(server).expect("inserted above"))

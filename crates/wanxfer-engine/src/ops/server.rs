@@ -11,8 +11,9 @@ use crate::stream::Stream;
 use std::time::{Duration, Instant};
 
 use wanxfer_proto::ops::{OpError, OpFailure, OpReply, OpRequest, RemoveMode};
-use wanxfer_proto::{ErrorMsg, FailureClass, Message};
+use wanxfer_proto::{ErrorMsg, FailureClass, Message, RelPath};
 
+use crate::auth::{authorize, Access, Exports, Identity};
 use crate::fs::Root;
 use crate::session::conn::{read_message, Control};
 use crate::Error;
@@ -26,7 +27,8 @@ pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
 /// the client and the connection goes on; only a connection that can no longer be used
 /// ends with an error.
 pub(crate) fn serve(
-    root: &Root,
+    exports: &Exports,
+    identity: &Identity,
     mut stream: Stream,
     mut control: Control,
     first: OpRequest,
@@ -35,7 +37,7 @@ pub(crate) fn serve(
     let peer = control.peer.clone();
     let mut request = first;
     loop {
-        execute(root, &request, &mut control)?;
+        execute(exports, identity, &request, &mut control)?;
         let _ = stream.set_read_timeout(Some(idle));
         request = match read_message(&mut stream, &peer) {
             Ok(Message::OpRequest(next)) => next,
@@ -60,29 +62,95 @@ pub(crate) fn serve(
     }
 }
 
+/// The export a request's path names, its path there, after checking `identity` may
+/// have `access` to it: nothing is opened before this says yes.
+fn permitted<'a>(
+    exports: &'a Exports,
+    identity: &Identity,
+    path: &RelPath,
+    access: Access,
+) -> Result<(&'a Root, RelPath), Error> {
+    let (export, inside) = exports.resolve(path)?;
+    authorize(identity, export, &inside, access)?;
+    Ok((&export.root, inside))
+}
+
 /// Executes one request and answers it; `Err` only when the client cannot be told.
-fn execute(root: &Root, request: &OpRequest, control: &mut Control) -> Result<(), Error> {
+fn execute(
+    exports: &Exports,
+    identity: &Identity,
+    request: &OpRequest,
+    control: &mut Control,
+) -> Result<(), Error> {
     let peer = control.peer.clone();
     let started = Instant::now();
-    let result = match request {
-        OpRequest::Stat { path } => super::stat(root, path).map(|m| Some(OpReply::Meta(m))),
+    let result = run(exports, identity, request, control, &peer);
+    tracing::debug!("{peer}: {request:?} in {:?}", started.elapsed());
+    match result {
+        Ok(Some(reply)) => control.send(&Message::OpReply(reply)),
+        Ok(None) => Ok(()),
+        // Telling the client failed: nothing more can go over this connection.
+        Err(e @ Error::Network { .. }) => Err(e),
+        Err(e) => {
+            tracing::debug!("{peer}: {e}");
+            let shown = relative(exports, &e);
+            control.send(&Message::OpReply(OpReply::Error(op_error(&e, &shown))))
+        }
+    }
+}
+
+/// An error as the client may see it: beneath an export, paths relative to it and
+/// prefixed with its name, never the server's directories.
+pub(crate) fn relative(exports: &Exports, e: &Error) -> String {
+    let mut text = e.to_string();
+    for export in exports.iter() {
+        let root = export.root.path().display().to_string();
+        let (inside, itself) = if export.name.is_empty() {
+            (String::new(), ".".to_string())
+        } else {
+            (format!("{}/", export.name), export.name.clone())
+        };
+        text = text
+            .replace(&format!("{root}/"), &inside)
+            .replace(&root, &itself);
+    }
+    text
+}
+
+fn run(
+    exports: &Exports,
+    identity: &Identity,
+    request: &OpRequest,
+    control: &mut Control,
+    peer: &str,
+) -> Result<Option<OpReply>, Error> {
+    match request {
+        OpRequest::Stat { path } => {
+            let (root, path) = permitted(exports, identity, path, Access::Read)?;
+            super::stat(root, &path).map(|m| Some(OpReply::Meta(m)))
+        }
         OpRequest::List {
             path,
             recursive,
             long,
-        } => super::list(root, path, *recursive, *long, &mut |page| {
-            control.send(&Message::OpReply(OpReply::List(page)))
-        })
-        .map(|()| None),
+        } => {
+            let (root, path) = permitted(exports, identity, path, Access::Read)?;
+            super::list(root, &path, *recursive, *long, &mut |page| {
+                control.send(&Message::OpReply(OpReply::List(page)))
+            })
+            .map(|()| None)
+        }
         OpRequest::Mkdir {
             path,
             parents,
             mode,
         } => {
+            let (root, path) = permitted(exports, identity, path, Access::Create)?;
             tracing::info!("{peer}: mkdir{} {path}", if *parents { " -p" } else { "" });
-            super::mkdir(root, path, *parents, *mode).map(|()| Some(OpReply::Done))
+            super::mkdir(root, &path, *parents, *mode).map(|()| Some(OpReply::Done))
         }
         OpRequest::Remove { path, mode } => {
+            let (root, path) = permitted(exports, identity, path, Access::Modify)?;
             let how = match mode {
                 RemoveMode::Recursive => "rm -r",
                 RemoveMode::EmptyDir => "rmdir",
@@ -90,15 +158,24 @@ fn execute(root: &Root, request: &OpRequest, control: &mut Control) -> Result<()
             };
             tracing::info!("{peer}: {how} {path}");
             let mut progress = ticker(control);
-            super::remove(root, path, *mode, &mut progress).map(|()| Some(OpReply::Done))
+            super::remove(root, &path, *mode, &mut progress).map(|()| Some(OpReply::Done))
         }
         OpRequest::Rename { from, to } => {
+            let (root, from_inside) = permitted(exports, identity, from, Access::Modify)?;
+            let (to_root, to_inside) = permitted(exports, identity, to, Access::Modify)?;
+            if !std::ptr::eq(root, to_root) {
+                return Err(Error::Refused {
+                    path: to.to_string(),
+                    reason: "a rename stays within one export".into(),
+                });
+            }
             tracing::info!("{peer}: mv {from} {to}");
-            super::rename(root, from, to).map(|()| Some(OpReply::Done))
+            super::rename(root, &from_inside, &to_inside).map(|()| Some(OpReply::Done))
         }
         OpRequest::Checksum { path, algorithm } => {
+            let (root, path) = permitted(exports, identity, path, Access::Read)?;
             let mut progress = ticker(control);
-            super::checksum(root, path, *algorithm, &mut progress).map(|digest| {
+            super::checksum(root, &path, *algorithm, &mut progress).map(|digest| {
                 Some(OpReply::Checksum {
                     algorithm: *algorithm,
                     digest,
@@ -109,17 +186,6 @@ fn execute(root: &Root, request: &OpRequest, control: &mut Control) -> Result<()
             failure: OpFailure::Invalid,
             message: format!("{other:?}: not an operation this server knows"),
         }),
-    };
-    tracing::debug!("{peer}: {request:?} in {:?}", started.elapsed());
-    match result {
-        Ok(Some(reply)) => control.send(&Message::OpReply(reply)),
-        Ok(None) => Ok(()),
-        // Telling the client failed: nothing more can go over this connection.
-        Err(e @ Error::Network { .. }) => Err(e),
-        Err(e) => {
-            tracing::debug!("{peer}: {e}");
-            control.send(&Message::OpReply(OpReply::Error(op_error(&e))))
-        }
     }
 }
 
@@ -136,13 +202,14 @@ fn ticker(control: &mut Control) -> impl FnMut(u64) -> Result<(), Error> + '_ {
     }
 }
 
-/// What the client is told about a failed operation.
-fn op_error(e: &Error) -> OpError {
+/// What the client is told about a failed operation (`shown`: its text for the client).
+fn op_error(e: &Error, shown: &str) -> OpError {
     let failure = match e {
         Error::Op { failure, .. } => *failure,
         Error::LocalIo { source, .. } => super::failure_of(source),
         Error::Limit(_) => OpFailure::Limit,
+        Error::Denied { .. } => OpFailure::PermissionDenied,
         _ => OpFailure::Other,
     };
-    OpError::new(e.wire_class(), failure, &e.to_string())
+    OpError::new(e.wire_class(), failure, shown)
 }

@@ -67,6 +67,28 @@ pub struct ClientConfig {
     pub cancel: Cancel,
     /// TLS (the default) and whom to trust, or no encryption.
     pub security: ClientSecurity,
+    /// Authenticate with a token or the client certificate instead of the secret.
+    pub credential: Option<ClientCredential>,
+    /// The certificate chain and key (PEM) presented in TLS (`--cert`, `--key`).
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+/// How a client proves who it is when not by the shared secret.
+#[derive(Clone)]
+pub enum ClientCredential {
+    /// A bearer token (`--token`, or WLCG discovery), sent only inside TLS.
+    Token(Vec<u8>),
+    /// The certificate of [`ClientConfig::client_cert`], verified by TLS.
+    Certificate,
+}
+
+impl std::fmt::Debug for ClientCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientCredential::Token(t) => write!(f, "Token({} bytes)", t.len()),
+            ClientCredential::Certificate => f.write_str("Certificate"),
+        }
+    }
 }
 
 impl ClientConfig {
@@ -82,6 +104,8 @@ impl ClientConfig {
             retry: RetryPolicy::default(),
             cancel: Cancel::default(),
             security: ClientSecurity::default(),
+            credential: None,
+            client_cert: None,
         }
     }
 
@@ -97,7 +121,8 @@ impl ClientConfig {
                         known_hosts: crate::tls::known_hosts_in(&self.state_dir),
                     },
                 };
-                ClientTls::new(&self.server, &trust).map(|t| Some(Arc::new(t)))
+                ClientTls::with_client_cert(&self.server, &trust, self.client_cert.as_ref())
+                    .map(|t| Some(Arc::new(t)))
             }
         }
     }
@@ -616,9 +641,36 @@ fn authenticate(
     check_greeting: impl FnOnce(&wanxfer_proto::Hello) -> Result<(), Error>,
 ) -> Result<(Stream, Authenticated), Error> {
     let peer = cfg.server.as_str();
+    if cfg.credential.is_some() && tls.is_none() {
+        return Err(Error::Usage(
+            "a token or client certificate is sent only over TLS: drop --no-encryption".into(),
+        ));
+    }
     let mut stream = conn::connect_secure(peer, tls, deadline, cfg.tuning.stall_timeout)?;
     let mut handshake = ClientHandshake::new(&cfg.secret, random()?, client_features(&cfg.tuning))
         .with_binding(stream.binding());
+    let credential = match &cfg.credential {
+        None => None,
+        Some(credential) => {
+            // Without the secret nothing proves the server is the one meant but its
+            // certificate: a token goes only to a server verified by --ca or pinned.
+            if tls.is_some_and(|t| t.seen.lock().unwrap_or_else(|e| e.into_inner()).first_use) {
+                return Err(Error::Auth {
+                    peer: peer.to_string(),
+                    detail: "its certificate is not pinned yet and no --ca was given: a token \
+                             or client certificate is presented only to a server whose identity \
+                             is known (verify it with --ca FILE, or pin it first with a \
+                             command using the shared secret)"
+                        .into(),
+                });
+            }
+            handshake = handshake.with_credential();
+            Some(Message::Credential(match credential {
+                ClientCredential::Token(token) => wanxfer_proto::Credential::Token(token.clone()),
+                ClientCredential::Certificate => wanxfer_proto::Credential::Certificate,
+            }))
+        }
+    };
     let mut first = Preamble::new(ConnectionKind::Control).encode().to_vec();
     first.extend_from_slice(&conn::frames(&[&handshake.hello()]));
     conn::write_all_by(&mut stream, &first, deadline, peer)?;
@@ -636,6 +688,9 @@ fn authenticate(
     conn::write_all_by(&mut stream, &conn::frames(&[&proof]), deadline, peer)?;
     if let Some(keys) = handshake.pending() {
         stream.authenticate_writes(keys.control_key(Side::Client));
+    }
+    if let Some(credential) = &credential {
+        conn::write_all_by(&mut stream, &conn::frames(&[credential]), deadline, peer)?;
     }
     if let Some(request) = request {
         conn::write_all_by(&mut stream, &conn::frames(&[request]), deadline, peer)?;

@@ -16,7 +16,9 @@ pub mod driver;
 pub mod server;
 pub mod state;
 
-pub use client::{run_client, ClientConfig, ClientJob, PullDest, Report, RetryPolicy};
+pub use client::{
+    run_client, ClientConfig, ClientCredential, ClientJob, PullDest, Report, RetryPolicy,
+};
 pub use server::{Server, ServerLimits};
 
 use std::time::Duration;

@@ -40,6 +40,10 @@ use super::conn::{self, Deadline};
 use super::driver::{Driver, Event, Events, Outcome, Setup};
 use super::state::StateDir;
 use super::{random, Params, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
+use crate::auth::{
+    authorize, certificate_identity, Access, Export, ExportConfig, Exports, Identity, IssuerConfig,
+    Issuers,
+};
 use crate::digest::BlockKey;
 use crate::fs::Root;
 use crate::pool::Cancel;
@@ -99,6 +103,15 @@ pub struct ServerLimits {
     pub identity: Option<ServerIdentity>,
     /// Clients may ask for no encryption (`--allow-unencrypted`).
     pub allow_unencrypted: bool,
+    /// The exports (`[[export]]` in the configuration); empty: the root given to
+    /// [`Server::bind`] is the one export, read and written with the shared secret.
+    pub exports: Vec<ExportConfig>,
+    /// Issuers whose bearer tokens are verified (`[[issuer]]`).
+    pub issuers: Vec<IssuerConfig>,
+    /// This server's names in a token's `aud` (`--audience`).
+    pub audiences: Vec<String>,
+    /// CA certificates that vouch for clients' X.509 certificates (`--client-ca`).
+    pub client_ca: Option<PathBuf>,
 }
 
 impl Default for ServerLimits {
@@ -128,6 +141,10 @@ impl Default for ServerLimits {
             drain_timeout: Duration::from_secs(10),
             identity: None,
             allow_unencrypted: false,
+            exports: Vec::new(),
+            issuers: Vec::new(),
+            audiences: Vec::new(),
+            client_ca: None,
         }
     }
 }
@@ -269,7 +286,8 @@ pub struct Server {
 }
 
 struct Shared {
-    root: Root,
+    exports: Exports,
+    issuers: Issuers,
     secret: Vec<u8>,
     tls: Arc<rustls::ServerConfig>,
     identity: ServerIdentity,
@@ -284,13 +302,20 @@ struct Shared {
 }
 
 impl Server {
+    /// A server of `root`, or of `limits.exports` when there are any (`root` is then
+    /// unused).
     pub fn bind(
         addr: &str,
         root: &Path,
         secret: Vec<u8>,
         limits: ServerLimits,
     ) -> Result<Server, Error> {
-        let root = Root::open(root)?;
+        let exports = if limits.exports.is_empty() {
+            Exports::single(Root::open(root)?)
+        } else {
+            Exports::open(&limits.exports)?
+        };
+        let issuers = Issuers::load(&limits.issuers, &limits.audiences)?;
         let state = limits
             .state_dir
             .as_deref()
@@ -301,13 +326,14 @@ impl Server {
             (None, Some(dir)) => ServerIdentity::load_or_create(dir)?,
             (None, None) => ServerIdentity::ephemeral()?,
         };
-        let tls = identity.server_config()?;
+        let tls = identity.server_config_with(limits.client_ca.as_deref())?;
         let listener =
             TcpListener::bind(addr).map_err(|e| Error::network("listening on", addr, e))?;
         Ok(Server {
             listener,
             shared: Arc::new(Shared {
-                root,
+                exports,
+                issuers,
                 secret,
                 tls,
                 identity,
@@ -514,6 +540,9 @@ impl Connection {
         if self.shared.state.is_none() {
             offered &= !features::RESUME;
         }
+        if !self.shared.issuers.is_empty() || self.shared.limits.client_ca.is_some() {
+            offered |= features::CREDENTIAL;
+        }
         offered
     }
 
@@ -648,6 +677,21 @@ impl Connection {
                 }
             }
         };
+        let identity = if auth.peer_features & features::CREDENTIAL != 0 {
+            match self.credential(&mut stream, deadline) {
+                Ok(identity) => identity,
+                Err(e) => {
+                    if matches!(e, Error::Auth { .. }) {
+                        self.shared.failures.record(self.ip);
+                    }
+                    Self::refuse(&mut stream, e.wire_class(), &e.to_string(), &self.peer);
+                    return Err(e);
+                }
+            }
+        } else {
+            Identity::Secret
+        };
+        tracing::debug!("{}: authenticated as {identity}", self.peer);
         self.ticket.release();
         let request = conn::read_message_by(&mut stream, deadline, &self.peer)?;
         if !matches!(request, Message::OpenSession(_) | Message::OpRequest(_)) {
@@ -664,19 +708,61 @@ impl Connection {
             return Err(Error::Limit("too many sessions".into()));
         }
         let result = match request {
-            Message::OpenSession(open) => self.session(stream, auth, open),
+            Message::OpenSession(open) => self.session(stream, auth, identity, open),
             // Remote operations instead of a session: this connection carries only them.
             Message::OpRequest(first) => {
                 let _ = stream.set_write_timeout(None);
                 conn::Control::new(&stream, self.peer.clone()).and_then(|control| {
                     let idle = self.shared.limits.stall_timeout;
-                    crate::ops::server::serve(&self.shared.root, stream, control, first, idle)
+                    crate::ops::server::serve(
+                        &self.shared.exports,
+                        &identity,
+                        stream,
+                        control,
+                        first,
+                        idle,
+                    )
                 })
             }
             _ => Err(Error::protocol(&self.peer, "expected a request")),
         };
         self.shared.sessions.fetch_sub(1, Ordering::SeqCst);
         result
+    }
+
+    /// Who a client that authenticates with a credential is: its token verified
+    /// against the configured issuers, or the certificate TLS verified against
+    /// `--client-ca`. Read within the handshake's deadline, right after the proofs.
+    fn credential(&self, stream: &mut Stream, deadline: Deadline) -> Result<Identity, Error> {
+        let refused = |detail: &str| Error::Auth {
+            peer: self.peer.clone(),
+            detail: detail.to_string(),
+        };
+        match conn::read_message_by(stream, deadline, &self.peer)? {
+            Message::Credential(wanxfer_proto::Credential::Token(token)) => {
+                if self.shared.issuers.is_empty() {
+                    return Err(refused("this server is configured to accept no tokens"));
+                }
+                self.shared.issuers.verify(&token, &self.peer)
+            }
+            Message::Credential(wanxfer_proto::Credential::Certificate) => {
+                if self.shared.limits.client_ca.is_none() {
+                    return Err(refused(
+                        "this server takes no client certificates (it has no --client-ca)",
+                    ));
+                }
+                match stream.peer_certificate() {
+                    Some(der) => certificate_identity(&der),
+                    None => Err(refused(
+                        "no client certificate was presented (cp --cert FILE --key FILE)",
+                    )),
+                }
+            }
+            _ => Err(Error::protocol(
+                &self.peer,
+                "expected the client's credential",
+            )),
+        }
     }
 
     /// Ends a running session of the same transfer (the client is retrying after a
@@ -736,13 +822,14 @@ impl Connection {
         &self,
         stream: Stream,
         auth: Authenticated,
+        identity: Identity,
         request: OpenSession,
     ) -> Result<(), Error> {
         let cancel = Cancel::default();
         let done = self.claim_transfer(request.transfer_id, &cancel);
         // A bug in one session must not leak its place or its transfer.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.run_session(stream, auth, &request, cancel)
+            self.run_session(stream, auth, &identity, &request, cancel)
         }))
         .unwrap_or_else(|_| Err(Error::Internal("a session thread panicked".into())));
         self.release_transfer(request.transfer_id, &done);
@@ -753,6 +840,7 @@ impl Connection {
         &self,
         mut stream: Stream,
         auth: Authenticated,
+        identity: &Identity,
         request: &OpenSession,
         cancel: Cancel,
     ) -> Result<(), Error> {
@@ -760,8 +848,8 @@ impl Connection {
         let l = &shared.limits;
         let session_id: [u8; 16] = random()?;
         let receiving = request.direction == Direction::Push;
-        let prepared = self.prepare(request);
-        let (role, wire_placement) = match prepared {
+        let prepared = self.prepare(identity, request);
+        let (role, wire_placement, export) = match prepared {
             Ok(p) => p,
             Err(e) => {
                 Self::refuse(&mut stream, e.wire_class(), &self.relative(&e), &self.peer);
@@ -877,9 +965,9 @@ impl Connection {
                 let report: crate::commit::Report = Arc::new(move |id, result| {
                     let _ = report_to.send(Event::Resolved { id, result });
                 });
-                let journal = match (&shared.state, &target) {
-                    (Some(state), Some(_)) if params.resumes() => Some(Arc::new(
-                        state.journal(request.transfer_id, shared.root.path())?,
+                let journal = match (&shared.state, &target, export) {
+                    (Some(state), Some(_), Some(export)) if params.resumes() => Some(Arc::new(
+                        state.journal(request.transfer_id, export.root.path())?,
                     )),
                     _ => None,
                 };
@@ -905,7 +993,7 @@ impl Connection {
         let stats_sink = sink.clone();
         let stats_meter = meter.clone();
         let direction = if receiving { "received" } else { "sent" };
-        let who = self.peer.clone();
+        let who = format!("{} ({identity})", self.peer);
         let setup = Setup {
             params: params.clone(),
             peer: self.peer.clone(),
@@ -960,13 +1048,10 @@ impl Connection {
         outcome.map(drop)
     }
 
-    /// An error as the client sees it: paths relative to the served root, never the
+    /// An error as the client sees it: paths relative to the export, never the
     /// server's own.
     fn relative(&self, e: &Error) -> String {
-        let root = self.shared.root.path().display().to_string();
-        e.to_string()
-            .replace(&format!("{root}/"), "")
-            .replace(&root, ".")
+        crate::ops::server::relative(&self.shared.exports, e)
     }
 
     /// For a fabric session, this session's own listener (on the address the client
@@ -1010,9 +1095,15 @@ impl Connection {
         Ok(Some((listener, endpoint)))
     }
 
-    /// The session's role, and for a push where its sources land.
-    fn prepare(&self, req: &OpenSession) -> Result<(Role, wanxfer_proto::Placement), Error> {
-        let root = &self.shared.root;
+    /// The session's role, for a push where its sources land, and the export it works
+    /// in (none for memory to memory). Authorization happens here, before anything on
+    /// disk is opened, created or journaled.
+    fn prepare(
+        &self,
+        identity: &Identity,
+        req: &OpenSession,
+    ) -> Result<(Role, wanxfer_proto::Placement, Option<&Export>), Error> {
+        let exports = &self.shared.exports;
         match req.direction {
             Direction::Push => {
                 let [dest] = req.paths.as_slice() else {
@@ -1021,8 +1112,10 @@ impl Connection {
                 let discard =
                     req.flags & session_flags::DISCARD != 0 || dest.as_bytes() == DISCARD_PATH;
                 if discard {
-                    return Ok((Role::Receive(None), wanxfer_proto::Placement::Into));
+                    return Ok((Role::Receive(None), wanxfer_proto::Placement::Into, None));
                 }
+                let (export, dest) = exports.resolve(dest)?;
+                let root = &export.root;
                 if dest
                     .split_first()
                     .is_some_and(|(first, _)| first == crate::sink::RESERVED_NAME)
@@ -1032,9 +1125,20 @@ impl Connection {
                         reason: "the name is reserved".into(),
                     });
                 }
+                // Writing where something exists may replace it: more than creating. A
+                // path that cannot be looked at asks for the most; placing says why.
+                let access = match root.meta(&dest) {
+                    Ok(None) => Access::Create,
+                    _ => Access::Modify,
+                };
+                authorize(identity, export, &dest, access)?;
                 let (placement, wire) =
-                    Placement::decide(root, dest, req.source_count, req.placement)?;
-                Ok((Role::Receive(Some((root.try_clone()?, placement))), wire))
+                    Placement::decide(root, &dest, req.source_count, req.placement)?;
+                Ok((
+                    Role::Receive(Some((root.try_clone()?, placement))),
+                    wire,
+                    Some(export),
+                ))
             }
             Direction::Pull => {
                 let synthetic = req.flags & session_flags::SYNTHETIC_SOURCE != 0;
@@ -1044,23 +1148,40 @@ impl Connection {
                             bytes: req.synthetic_bytes,
                         }),
                         wanxfer_proto::Placement::Resolve,
+                        None,
                     ));
                 }
                 if req.paths.is_empty() {
                     return Err(Error::Usage("a pull names at least one source".into()));
                 }
-                if req.paths.iter().any(|p| {
-                    p.split_first()
+                let mut export = None;
+                let mut paths = Vec::with_capacity(req.paths.len());
+                for path in &req.paths {
+                    let (named, inside) = exports.resolve(path)?;
+                    if export.is_some_and(|e: &Export| !std::ptr::eq(e, named)) {
+                        return Err(Error::Refused {
+                            path: path.to_string(),
+                            reason: "the sources of one pull come from one export".into(),
+                        });
+                    }
+                    if inside
+                        .split_first()
                         .is_some_and(|(first, _)| first == crate::sink::RESERVED_NAME)
-                }) {
-                    return Err(Error::Refused {
-                        path: String::from_utf8_lossy(crate::sink::RESERVED_NAME).into_owned(),
-                        reason: "the name is reserved".into(),
-                    });
+                    {
+                        return Err(Error::Refused {
+                            path: String::from_utf8_lossy(crate::sink::RESERVED_NAME).into_owned(),
+                            reason: "the name is reserved".into(),
+                        });
+                    }
+                    authorize(identity, named, &inside, Access::Read)?;
+                    export = Some(named);
+                    paths.push(inside);
                 }
+                let export = export.expect("at least one path");
                 Ok((
-                    Role::Send(Source::beneath(root, &req.paths)?),
+                    Role::Send(Source::beneath(&export.root, &paths)?),
                     wanxfer_proto::Placement::Resolve,
+                    Some(export),
                 ))
             }
             _ => Err(Error::Usage("unknown direction".into())),
