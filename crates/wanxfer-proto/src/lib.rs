@@ -29,6 +29,7 @@ pub mod handshake;
 mod message;
 pub mod ops;
 mod path;
+pub mod tpc;
 
 pub use block::{BlockHeader, PayloadCheck, Segment, BLOCK_MAGIC, MAX_BLOCK_PAYLOAD, MAX_SEGMENTS};
 pub use codec::{Decoder, Encoder};
@@ -70,9 +71,14 @@ pub mod features {
     pub const RESUME: u64 = 1 << 4;
     /// The receiver skips files it already has ([`crate::Message::UpToDate`]).
     pub const COMPARE: u64 = 1 << 5;
+    /// Third-party copy: the server makes grants ([`crate::ops::OpRequest::Grant`]),
+    /// pushes to another server with one ([`crate::ops::OpRequest::PushTo`]) and accepts
+    /// a grant's proof ([`crate::Message::GrantProof`]) in place of the secret's.
+    pub const THIRD_PARTY: u64 = 1 << 6;
 
     /// What this build implements.
-    pub const SUPPORTED: u64 = BLOCK_CRC32C | FILE_XXH3_128 | FABRIC | RESUME | COMPARE;
+    pub const SUPPORTED: u64 =
+        BLOCK_CRC32C | FILE_XXH3_128 | FABRIC | RESUME | COMPARE | THIRD_PARTY;
 
     /// The features a session between these two sides uses.
     pub const fn negotiate(ours: u64, theirs: u64) -> u64 {
