@@ -11,7 +11,8 @@ use crate::stream::Stream;
 use std::time::{Duration, Instant};
 
 use wanxfer_proto::ops::{OpError, OpFailure, OpReply, OpRequest, RemoveMode};
-use wanxfer_proto::{ErrorMsg, FailureClass, Message};
+use wanxfer_proto::tpc::{Grant, Granted, PushTo, TransferSummary};
+use wanxfer_proto::{features, ErrorMsg, FailureClass, Message};
 
 use crate::fs::Root;
 use crate::session::conn::{read_message, Control};
@@ -21,12 +22,28 @@ use crate::Error;
 /// client's silence timeout (two minutes by default), far above the cost of a frame.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
 
+/// The third-party copy requests, which need more of the server than its root: its
+/// grant table (at the destination), its limits and state (at the source).
+pub(crate) trait ThirdParty {
+    fn grant(&self, request: &Grant) -> Result<Granted, Error>;
+    /// Runs the push, reporting progress on `control`; the summary is the final reply.
+    fn push_to(&self, request: &PushTo, control: &mut Control) -> Result<TransferSummary, Error>;
+}
+
+/// What the operations of one connection run against.
+pub(crate) struct Served<'a> {
+    pub root: &'a Root,
+    pub third_party: &'a dyn ThirdParty,
+    /// The features both sides offered on this connection.
+    pub features: u64,
+}
+
 /// Runs operations on `stream` (authenticated, its first request `first` already read)
 /// until the client closes it or stays silent for `idle`. Errors of an operation go to
 /// the client and the connection goes on; only a connection that can no longer be used
 /// ends with an error.
 pub(crate) fn serve(
-    root: &Root,
+    served: &Served<'_>,
     mut stream: Stream,
     mut control: Control,
     first: OpRequest,
@@ -35,7 +52,7 @@ pub(crate) fn serve(
     let peer = control.peer.clone();
     let mut request = first;
     loop {
-        execute(root, &request, &mut control)?;
+        execute(served, &request, &mut control)?;
         let _ = stream.set_read_timeout(Some(idle));
         request = match read_message(&mut stream, &peer) {
             Ok(Message::OpRequest(next)) => next,
@@ -61,8 +78,18 @@ pub(crate) fn serve(
 }
 
 /// Executes one request and answers it; `Err` only when the client cannot be told.
-fn execute(root: &Root, request: &OpRequest, control: &mut Control) -> Result<(), Error> {
+fn execute(served: &Served<'_>, request: &OpRequest, control: &mut Control) -> Result<(), Error> {
+    let root = served.root;
     let peer = control.peer.clone();
+    let third_party = || {
+        if served.features & features::THIRD_PARTY == 0 {
+            return Err(Error::Op {
+                failure: OpFailure::Invalid,
+                message: "third-party copy was not negotiated on this connection".into(),
+            });
+        }
+        Ok(served.third_party)
+    };
     let started = Instant::now();
     let result = match request {
         OpRequest::Stat { path } => super::stat(root, path).map(|m| Some(OpReply::Meta(m))),
@@ -105,6 +132,19 @@ fn execute(root: &Root, request: &OpRequest, control: &mut Control) -> Result<()
                 })
             })
         }
+        OpRequest::Grant(grant) => {
+            tracing::info!(
+                "{peer}: grant for a third-party push into {} ({} s)",
+                grant.path,
+                grant.ttl_s
+            );
+            third_party()
+                .and_then(|t| t.grant(grant))
+                .map(|g| Some(OpReply::Granted(g)))
+        }
+        OpRequest::PushTo(push) => third_party()
+            .and_then(|t| t.push_to(push, control))
+            .map(|summary| Some(OpReply::TransferDone(summary))),
         other => Err(Error::Op {
             failure: OpFailure::Invalid,
             message: format!("{other:?}: not an operation this server knows"),

@@ -13,10 +13,14 @@ pub mod client;
 /// TLS layer use them too.
 pub(crate) mod conn;
 pub mod driver;
+pub mod grants;
 pub mod server;
 pub mod state;
+mod tpc;
 
-pub use client::{run_client, ClientConfig, ClientJob, PullDest, Report, RetryPolicy};
+pub use client::{
+    run_client, ClientConfig, ClientJob, PullDest, Report, RetryPolicy, ThirdPartyReport,
+};
 pub use server::{Server, ServerLimits};
 
 use std::time::Duration;
