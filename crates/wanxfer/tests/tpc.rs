@@ -244,6 +244,16 @@ fn a_grant_allows_one_transfer_into_its_path_and_nothing_else() {
     let pinned = fingerprint_of(&dest);
     let grant = dest.grant(&rel("copy"), 60).unwrap();
 
+    // Whoever holds a grant may push with it, nothing else: not run operations.
+    let mut holder = config(&b.server.addr);
+    holder.grant = Some((grant.id, grant.secret));
+    let mut ops = Client::connect(&holder).expect("the grant's proof is accepted");
+    let err = ops.stat(&rel("copy")).unwrap_err();
+    assert!(
+        err.to_string().contains("allows one push, nothing else"),
+        "{err}"
+    );
+
     // Another path than the grant's: refused, and the grant is not used up by it.
     let mut wrong_path = push("tree", &b.server.addr, "elsewhere", grant.clone());
     wrong_path.fingerprint = pinned;
