@@ -481,8 +481,10 @@ impl ServeArgs {
 #[derive(Debug, Args)]
 pub struct CpArgs {
     /// Sources then destination. A remote side is wanxfer://HOST[:PORT]/PATH (port 7800
-    /// if none), PATH relative to the server's root. Memory-to-memory: `--bytes 4GiB
-    /// /dev/zero wanxfer://HOST/dev/null` (or pull from .../dev/zero into /dev/null).
+    /// if none), PATH relative to the server's root; with both sides remote the data goes
+    /// from one server to the other, not through this client (third-party copy).
+    /// Memory-to-memory: `--bytes 4GiB /dev/zero wanxfer://HOST/dev/null` (or pull from
+    /// .../dev/zero into /dev/null).
     #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
     pub paths: Vec<PathBuf>,
     /// Parallel TCP streams (data channels).
@@ -837,8 +839,9 @@ impl CpArgs {
             .iter()
             .map(|s| match s {
                 Location::Local(p) => Ok(p.clone()),
+                // `third_party` takes every request with a remote source and destination.
                 Location::Remote { .. } => Err(Error::Usage(
-                    "copying between two servers is not supported: one side must be local".into(),
+                    "a copy between two servers takes only remote sources".into(),
                 )),
             })
             .collect::<Result<Vec<_>, _>>()?;
