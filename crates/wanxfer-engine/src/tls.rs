@@ -294,6 +294,10 @@ pub enum Trust {
     Pinned { known_hosts: PathBuf },
     /// Verify the chain against these CA certificates (PEM), and the host name.
     Ca(PathBuf),
+    /// Accept exactly the certificate with this fingerprint (`SHA256:hex`), and pin
+    /// nothing: a third-party copy's source reaching the destination whose certificate
+    /// the client verified.
+    Exact(String),
 }
 
 /// Whether a client encrypts, and whom it trusts.
@@ -304,6 +308,9 @@ pub enum ClientSecurity {
     Tls { ca: Option<PathBuf> },
     /// `--no-encryption`: plaintext, every frame and block authenticated.
     Unencrypted,
+    /// TLS to a server that must present exactly the certificate with this fingerprint
+    /// (`SHA256:hex`); see [`Trust::Exact`].
+    Fingerprint(String),
 }
 
 impl Default for ClientSecurity {
@@ -426,6 +433,8 @@ pub struct Seen {
 struct PinVerifier {
     server: String,
     store: KnownHosts,
+    /// Instead of the store: the one fingerprint accepted.
+    exact: Option<String>,
     seen: Arc<Mutex<Seen>>,
     provider: Arc<CryptoProvider>,
 }
@@ -442,6 +451,19 @@ impl ServerCertVerifier for PinVerifier {
         let seen_fp = fingerprint(end_entity);
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         seen.fingerprint = Some(seen_fp.clone());
+        if let Some(exact) = &self.exact {
+            if *exact == seen_fp {
+                return Ok(ServerCertVerified::assertion());
+            }
+            seen.refusal = Some(format!(
+                "{} presents the certificate {seen_fp}, not {exact}, the one the client \
+                 verified there: refusing to send it anything",
+                self.server
+            ));
+            return Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ));
+        }
         let pin = self
             .store
             .check(&self.server, &seen_fp)
@@ -539,10 +561,23 @@ impl ClientTls {
                     .with_custom_certificate_verifier(Arc::new(PinVerifier {
                         server: server.to_string(),
                         store: KnownHosts::new(known_hosts.clone()),
+                        exact: None,
                         seen: seen.clone(),
                         provider,
                     })),
                 Some(KnownHosts::new(known_hosts.clone())),
+            ),
+            Trust::Exact(fingerprint) => (
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(PinVerifier {
+                        server: server.to_string(),
+                        store: KnownHosts::new(PathBuf::new()),
+                        exact: Some(fingerprint.clone()),
+                        seen: seen.clone(),
+                        provider,
+                    })),
+                None,
             ),
             Trust::Ca(file) => {
                 let mut roots = rustls::RootCertStore::empty();

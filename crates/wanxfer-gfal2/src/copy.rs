@@ -10,10 +10,15 @@
 //! as FTS3 expects. A replaced destination is replaced in one step by the engine rather
 //! than removed first.
 //!
-//! What it does not do: copy between two wanxfer servers (`ENOSYS`: the engine has no
-//! server-to-server transfer yet), copy directories (gfal2 copies files), or stop a copy
-//! in flight when gfal2 cancels or its timeout passes (the engine has no cancel hook yet;
-//! the stall timeout still ends a copy over a dead path).
+//! Between two wanxfer servers the copy is third-party: the source server pushes to the
+//! destination with a grant the destination made for this one path (see
+//! `wanxfer_proto::tpc`), and this process only drives it, turning the source's progress
+//! reports into the monitor callbacks; checksums, parents and the overwrite check are
+//! done on each server as for a copy with one local side.
+//!
+//! What it does not do: copy directories (gfal2 copies files), or stop a copy with a
+//! local side in flight when gfal2 cancels or its timeout passes (the engine has no
+//! cancel hook yet; the stall timeout still ends a copy over a dead path).
 
 use std::ffi::{c_char, c_int, CStr};
 use std::path::{Path, PathBuf};
@@ -80,10 +85,9 @@ fn is_local(url: &[u8]) -> bool {
     local_path(url).is_some()
 }
 
-/// Claims copies with a `wanxfer://` side and a `file://` or `wanxfer://` other side
-/// (a copy between two servers is claimed to refuse it clearly, not to fall through to
-/// gfal2's streamed copy, which has no `open` to call here). Bulk copies are left to
-/// gfal2, which then copies file by file through `copy_file`.
+/// Claims copies with a `wanxfer://` side and a `file://` or `wanxfer://` other side (a
+/// copy between two servers is a third-party copy). Bulk copies are left to gfal2, which
+/// then copies file by file through `copy_file`.
 pub(crate) unsafe extern "C" fn check_copy(
     _data: ffi::plugin_handle,
     _context: ffi::gfal2_context_t,
@@ -207,13 +211,8 @@ impl Copy<'_> {
         let (local, url, push) = match (src, dst) {
             (Endpoint::Local(local), Endpoint::Remote(url)) => (local, url, true),
             (Endpoint::Remote(url), Endpoint::Local(local)) => (local, url, false),
-            (Endpoint::Remote(_), Endpoint::Remote(_)) => {
-                return Err(Failure::new(
-                    libc::ENOSYS,
-                    "third-party copies between two wanxfer servers are not supported yet; \
-                     copy through a local file",
-                )
-                .on(TRANSFER, None))
+            (Endpoint::Remote(from), Endpoint::Remote(to)) => {
+                return self.third_party(&from, &to, &asked)
             }
             (Endpoint::Local(_), Endpoint::Local(_)) => {
                 return Err(Failure::new(libc::EPROTONOSUPPORT, "no wanxfer:// side"))
@@ -296,6 +295,147 @@ impl Copy<'_> {
             }
         }
         self.plugin.keep(ops);
+        Ok(())
+    }
+
+    /// A copy between two wanxfer servers: checksums and the destination's preparation
+    /// on each server, the data from one to the other.
+    fn third_party(&self, from: &RemoteUrl, to: &RemoteUrl, asked: &Asked) -> Result<(), Failure> {
+        let connect = |server: &str| {
+            config::client_config(&self.settings, server, Some(asked.streams))
+                .and_then(|cfg| Client::connect(&cfg).map_err(Failure::from))
+                .map_err(|f| f.on(TRANSFER, None))
+        };
+        let mut source = connect(&from.server)?;
+        let mut dest = connect(&to.server)?;
+        remote_source(&mut source, &from.path)?;
+        let mut source_sum = None;
+        if let (Some(algorithm), true) = (
+            asked.algorithm,
+            asked.checksum_mode & ffi::GFALT_CHECKSUM_SOURCE != 0,
+        ) {
+            self.event(ffi::GFAL_EVENT_SOURCE, stage(Stage::ChecksumEnter), "");
+            let sum = remote_checksum(&mut source, &from.path, algorithm, SOURCE)?;
+            self.event(ffi::GFAL_EVENT_SOURCE, stage(Stage::ChecksumExit), &sum);
+            if !asked.user_checksum.is_empty()
+                && !same_checksum(algorithm, &sum, &asked.user_checksum)
+            {
+                return Err(Failure::new(
+                    libc::EIO,
+                    format!(
+                        "source checksum and user-specified checksum do not match: {sum} != {}",
+                        asked.user_checksum
+                    ),
+                )
+                .on(SOURCE, Some("CHECKSUM MISMATCH")));
+            }
+            source_sum = Some(sum);
+        }
+        if !asked.strict {
+            self.prepare_remote_destination(&mut dest, &to.path, asked)?;
+        }
+        self.push_between(&mut source, &mut dest, from, to, asked)?;
+        if let (Some(algorithm), true) = (
+            asked.algorithm,
+            asked.checksum_mode & ffi::GFALT_CHECKSUM_TARGET != 0,
+        ) {
+            self.event(ffi::GFAL_EVENT_DESTINATION, stage(Stage::ChecksumEnter), "");
+            let sum = remote_checksum(&mut dest, &to.path, algorithm, DESTINATION)?;
+            self.event(
+                ffi::GFAL_EVENT_DESTINATION,
+                stage(Stage::ChecksumExit),
+                &sum,
+            );
+            let (against, which) = if asked.user_checksum.is_empty() {
+                (source_sum.unwrap_or_default(), "source")
+            } else {
+                (asked.user_checksum.clone(), "user-specified")
+            };
+            if !against.is_empty() && !same_checksum(algorithm, &sum, &against) {
+                return Err(Failure::new(
+                    libc::EIO,
+                    format!("{which} checksum and destination checksum do not match: {against} != {sum}"),
+                )
+                .on(DESTINATION, Some("CHECKSUM MISMATCH")));
+            }
+        }
+        self.plugin.keep(source);
+        self.plugin.keep(dest);
+        Ok(())
+    }
+
+    /// The transfer of a third-party copy: a grant from the destination, the push by the
+    /// source, its progress reports to the monitor callbacks.
+    fn push_between(
+        &self,
+        source: &mut Client,
+        dest: &mut Client,
+        from: &RemoteUrl,
+        to: &RemoteUrl,
+        asked: &Asked,
+    ) -> Result<(), Failure> {
+        let transfer = |e: Error| Failure::from(e).on(TRANSFER, None);
+        let fingerprint = dest.fingerprint().map(parse_fingerprint).ok_or_else(|| {
+            Failure::new(
+                libc::EPROTONOSUPPORT,
+                "a third-party copy needs TLS to the destination (NO_ENCRYPTION is set)",
+            )
+            .on(TRANSFER, None)
+        })??;
+        let grant = dest
+            .grant(&to.path, wanxfer_proto::tpc::MAX_GRANT_TTL_S)
+            .map_err(transfer)?;
+        let desc = format!(
+            "{} => {}",
+            self.src_url.to_string_lossy(),
+            self.dst_url.to_string_lossy()
+        );
+        self.event(ffi::GFAL_EVENT_NONE, stage(Stage::TransferEnter), &desc);
+        self.event(ffi::GFAL_EVENT_NONE, stage(Stage::TransferType), "3rd push");
+        let defaults = wanxfer_engine::session::Tuning::default();
+        let request = wanxfer_proto::tpc::PushTo {
+            sources: vec![from.path.clone()],
+            server: to.server.clone().into_bytes(),
+            fingerprint,
+            dest: to.path.clone(),
+            into: false,
+            grant,
+            streams: if asked.streams > 0 {
+                asked.streams
+            } else {
+                defaults.streams
+            },
+            block_size: defaults.block_size,
+            depth: defaults.depth,
+            // gfal2 decides about an existing destination itself (overwrite): send it.
+            compare: wanxfer_proto::Compare::Always,
+            flags: 0,
+        };
+        let progress = Progress::default();
+        let started = Instant::now();
+        let mut last = (started, 0u64);
+        let summary = source
+            .push_to(request, |p| {
+                progress.bytes.store(p.bytes, Ordering::Relaxed);
+                last = self.monitor(&progress, started, last);
+                Ok(())
+            })
+            .map_err(transfer)?;
+        progress.bytes.store(summary.bytes, Ordering::Relaxed);
+        self.monitor(&progress, started, last);
+        if let Some((class, message)) = &summary.error {
+            let e = Error::remote(
+                &from.server,
+                &wanxfer_proto::ErrorMsg::new(*class, &String::from_utf8_lossy(message)),
+            );
+            return Err(transfer(e));
+        }
+        if let Some((_, message)) = summary.failures.first() {
+            return Err(
+                Failure::new(libc::EIO, String::from_utf8_lossy(message)).on(TRANSFER, None)
+            );
+        }
+        self.event(ffi::GFAL_EVENT_NONE, stage(Stage::TransferExit), &desc);
         Ok(())
     }
 
@@ -519,6 +659,20 @@ fn stage(stage: Stage) -> ffi::GQuark {
             Stage::TransferExit => ffi::GFAL_EVENT_TRANSFER_EXIT,
         }
     }
+}
+
+/// `SHA256:hex`, as the engine prints a certificate's fingerprint, as its 32 bytes.
+fn parse_fingerprint(text: &str) -> Result<[u8; 32], Failure> {
+    let bad = || Failure::new(libc::EPROTO, format!("not a SHA256 fingerprint: {text:?}"));
+    let hex = text
+        .strip_prefix("SHA256:")
+        .filter(|h| h.len() == 64)
+        .ok_or_else(bad)?;
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(out)
 }
 
 /// The local source, which must be a regular file; a symlink is copied as the file it

@@ -15,9 +15,7 @@
 //! once per gfal2 context. `plugin_data` is ours for that context and is freed in
 //! `plugin_delete`.
 //!
-//! What it does not do: third-party copies between two wanxfer servers (the engine has
-//! no server-to-server transfer yet; such a copy fails with `ENOSYS`), partial
-//! checksums (`ENOSYS`, as the interface asks), file I/O through `open`/`read` (gfal2
+//! What it does not do: partial checksums (`ENOSYS`, as the interface asks), file I/O through `open`/`read` (gfal2
 //! then has no streaming fallback for `wanxfer://`; copies go through `copy_file`), or
 //! cancelling a copy in flight (the engine offers no cancel hook yet: a silent path
 //! still ends at the stall timeout).

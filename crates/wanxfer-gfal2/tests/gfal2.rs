@@ -77,18 +77,31 @@ fn site() -> (tempfile::TempDir, PathBuf, String) {
     (dir, root, format!("wanxfer://{addr}/"))
 }
 
-/// Runs the script in `mode` with the plugin directory `plugins`; its output on failure.
-fn run_script(plugins: &Path, base: &str, root: &Path, scratch: &Path, mode: &str) {
+/// Runs the script in `mode` with the plugin directory `plugins` (and a `second`
+/// server, base URL and root, for third-party copies); its output on failure.
+fn run_script(
+    plugins: &Path,
+    base: &str,
+    root: &Path,
+    scratch: &Path,
+    mode: &str,
+    second: Option<(&str, &Path)>,
+) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gfal2_plugin.py");
+    let mut args = vec![
+        base.to_string(),
+        root.display().to_string(),
+        scratch.display().to_string(),
+        SECRET.to_string(),
+        mode.to_string(),
+    ];
+    if let Some((base2, root2)) = second {
+        args.push(base2.to_string());
+        args.push(root2.display().to_string());
+    }
     let out = Command::new(python())
         .arg(&script)
-        .args([
-            base,
-            &root.display().to_string(),
-            &scratch.display().to_string(),
-            SECRET,
-            mode,
-        ])
+        .args(args)
         .env("GFAL_PLUGIN_DIR", plugins)
         .env("WANXFER_SECRET", SECRET)
         .env_remove("WANXFER_SECRET_FILE")
@@ -112,14 +125,31 @@ fn gfal2_drives_every_operation_through_the_plugin() {
     symlink(plugin_library(), plugins.join("libgfal_plugin_wanxfer.so")).unwrap();
     let scratch = dir.path().join("scratch");
     fs::create_dir(&scratch).unwrap();
-    run_script(&plugins, &base, &root, &scratch, "full");
+    let (_second_dir, root2, base2) = site();
+    run_script(
+        &plugins,
+        &base,
+        &root,
+        &scratch,
+        "full",
+        Some((&base2, &root2)),
+    );
+    // The third-party copies, seen from both servers.
+    assert_eq!(
+        fs::read(root2.join("tpc/big.bin")).unwrap(),
+        fs::read(root2.join("data/big.bin")).unwrap()
+    );
+    assert_eq!(
+        fs::read(root.join("data/hello.txt")).unwrap(),
+        fs::read(root2.join("data/big.bin")).unwrap()
+    );
+    assert!(!root2.join("no").exists());
     // What the script did, seen from the server's side.
     assert_eq!(
         fs::read(root.join("copies/pushed.bin")).unwrap(),
         fs::read(scratch.join("push.bin")).unwrap()
     );
     assert!(!root.join("made/a/b/c").exists() && root.join("made/a/b").is_dir());
-    assert!(!root.join("copies/third.txt").exists());
     // Nothing reached through the planted symlink.
     assert_eq!(
         fs::read(dir.path().join("outside/precious")).unwrap(),
@@ -168,6 +198,6 @@ fn the_plugin_works_beside_debians_other_plugins() {
     symlink(plugin_library(), plugins.join("libgfal_plugin_wanxfer.so")).unwrap();
     let scratch = dir.path().join("scratch");
     fs::create_dir(&scratch).unwrap();
-    run_script(&plugins, &base, &root, &scratch, "coexist");
+    run_script(&plugins, &base, &root, &scratch, "coexist", None);
     assert!(root.join("coexist.bin").is_file());
 }

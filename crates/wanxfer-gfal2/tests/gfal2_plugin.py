@@ -5,12 +5,13 @@ Run by tests/gfal2.rs, which starts the server, points GFAL_PLUGIN_DIR at a dire
 holding the built plugin, plants the files and symlinks named below, and checks the
 server's tree afterwards. Usage:
 
-    gfal2_plugin.py BASE_URL SERVER_ROOT SCRATCH_DIR SECRET MODE
+    gfal2_plugin.py BASE_URL SERVER_ROOT SCRATCH_DIR SECRET MODE [BASE_URL2 SERVER_ROOT2]
 
 BASE_URL is wanxfer://HOST:PORT/, SERVER_ROOT the served directory (to compare bytes on
 the server's side too), SCRATCH_DIR a local directory of the test's own, MODE `full`
 (every check, the plugin alone in GFAL_PLUGIN_DIR) or `coexist` (a few checks, with
-Debian's other plugins loaded beside it). Prints one line per check and a closing
+Debian's other plugins loaded beside it). BASE_URL2 and SERVER_ROOT2 name a second
+server with the same secret, for third-party copies (`full` only). Prints one line per check and a closing
 "N passed, N failed"; exits non-zero if any failed.
 """
 
@@ -24,6 +25,7 @@ import zlib
 import gfal2
 
 BASE, ROOT, SCRATCH, SECRET, MODE = sys.argv[1:6]
+BASE2, ROOT2 = (sys.argv[6:8] + [None, None])[:2]
 results = []
 
 
@@ -201,9 +203,35 @@ def test_symlinks_in_the_tree_are_never_followed():
     expect_errno(errno.EACCES, ctx.stat, BASE + "data/.wanxfer-0011-2233.part")
 
 
-def test_third_party_copy_is_refused():
-    e = expect_errno(errno.ENOSYS, ctx.filecopy, ctx.transfer_parameters(), BASE + "data/hello.txt", BASE + "copies/third.txt")
-    assert "not supported" in str(e), e
+def test_third_party_copy_between_two_servers():
+    original = read(os.path.join(ROOT, "data/big.bin"))
+    params = ctx.transfer_parameters()
+    params.create_parent = True
+    params.set_checksum(gfal2.checksum_mode.both, "ADLER32", "")
+    progress = []
+    events = []
+    params.monitor_callback = lambda s, d, avg, inst, done, elapsed: progress.append(done)
+    params.event_callback = lambda e: events.append((str(e.stage), str(e.description)))
+    ctx.filecopy(params, BASE + "data/big.bin", BASE2 + "tpc/big.bin")
+    assert read(os.path.join(ROOT2, "tpc/big.bin")) == original
+    assert progress and progress[-1] == len(original), progress
+    stages = [stage for stage, _ in events]
+    assert "TRANSFER:ENTER" in stages and "TRANSFER:EXIT" in stages, events
+    assert ("TRANSFER:TYPE", "3rd push") in events, events
+    sums = [text for stage, text in events if stage == "CHECKSUM:EXIT"]
+    assert sums == ["%08x" % zlib.adler32(original)] * 2, events
+    # gfal2's rules for the destination, checked on the destination server.
+    e = expect_errno(errno.EEXIST, ctx.filecopy, ctx.transfer_parameters(), BASE + "data/big.bin", BASE2 + "tpc/big.bin")
+    assert "DESTINATION" in str(e), e
+    expect_errno(errno.ENOENT, ctx.filecopy, ctx.transfer_parameters(), BASE + "data/missing", BASE2 + "tpc/m")
+    expect_errno(errno.ENOENT, ctx.filecopy, ctx.transfer_parameters(), BASE + "data/hello.txt", BASE2 + "no/parent.txt")
+    # Back the other way, the second server as the source, replacing a file.
+    over = ctx.transfer_parameters()
+    over.overwrite = True
+    ctx.filecopy(over, BASE2 + "tpc/big.bin", BASE + "data/hello.txt")
+    assert read(os.path.join(ROOT, "data/hello.txt")) == original
+    # A wrong secret for the servers: refused as gfal2 callers expect.
+    expect_errno(errno.EACCES, context("not-the-secret").filecopy, ctx.transfer_parameters(), BASE + "data/big.bin", BASE2 + "tpc/x.bin")
 
 
 def test_credentials_from_configuration():
@@ -231,7 +259,7 @@ if MODE == "full":
         test_readdirpp_gives_metadata, test_mkdir_and_mkdir_rec, test_checksums_match_python,
         test_filecopy_push_and_pull_byte_for_byte, test_filecopy_respects_overwrite_and_parents,
         test_filecopy_checksums, test_rename_unlink_rmdir,
-        test_symlinks_in_the_tree_are_never_followed, test_third_party_copy_is_refused,
+        test_symlinks_in_the_tree_are_never_followed, test_third_party_copy_between_two_servers,
         test_credentials_from_configuration,
     ]
 else:

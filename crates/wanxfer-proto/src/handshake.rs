@@ -55,6 +55,7 @@ const BLOCK_KEY_LABEL: &[u8] = b"wanxfer/6 blocks from the";
 /// The "secret" of a client that authenticates with a credential: public, so that only
 /// the TLS binding keys its proofs and session.
 const CREDENTIAL_KEY: &[u8] = b"wanxfer/6 credential client: keyed by the TLS binding";
+const GRANT_KEY_LABEL: &[u8] = b"wanxfer/6 third-party grant";
 
 /// What ties a handshake to the connection it runs on: a TLS connection's exporter
 /// output, or [`NO_BINDING`] on a connection without encryption.
@@ -238,6 +239,12 @@ fn mac(key: &[u8], label: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     m.finalize().into_bytes().into()
 }
 
+/// The key a grant's proofs are made with: its secret bound to its id, and kept apart
+/// from any shared secret by its own label.
+pub fn grant_key(grant_id: &[u8; 16], grant_secret: &[u8; 32]) -> [u8; 32] {
+    mac(grant_secret, GRANT_KEY_LABEL, &[grant_id])
+}
+
 /// The `Hello` either side sends.
 pub fn hello(nonce: [u8; 32], features: u64) -> Message {
     Message::Hello(Hello {
@@ -280,6 +287,8 @@ pub struct ClientHandshake {
     client_nonce: [u8; 32],
     features: u64,
     binding: Binding,
+    /// Proving a third-party grant (its id) rather than the shared secret.
+    grant: Option<[u8; 16]>,
     state: ClientState,
 }
 
@@ -296,8 +305,25 @@ impl ClientHandshake {
             client_nonce,
             features,
             binding: NO_BINDING,
+            grant: None,
             state: ClientState::AwaitHello,
         }
+    }
+
+    /// A client proving a third-party grant instead of the shared secret: everything
+    /// runs as with a secret, keyed by [`grant_key`], and the proof goes out as a
+    /// [`Message::GrantProof`] naming the grant, so that the server knows which key to
+    /// check it with.
+    pub fn for_grant(
+        grant_id: [u8; 16],
+        grant_secret: &[u8; 32],
+        client_nonce: [u8; 32],
+        features: u64,
+    ) -> Self {
+        let mut handshake =
+            ClientHandshake::new(&grant_key(&grant_id, grant_secret), client_nonce, features);
+        handshake.grant = Some(grant_id);
+        handshake
     }
 
     /// Binds the proofs to the connection (its TLS exporter output).
@@ -360,7 +386,13 @@ impl ClientHandshake {
                 );
                 let expected = proof_expected(&self.secret, &ours, &h, &self.binding);
                 self.state = ClientState::AwaitOk(auth, expected);
-                Ok(Step::Send(Message::AuthProof { mac: proof }))
+                Ok(Step::Send(match self.grant {
+                    None => Message::AuthProof { mac: proof },
+                    Some(grant_id) => Message::GrantProof {
+                        grant_id,
+                        mac: proof,
+                    },
+                }))
             }
             (ClientState::AwaitOk(auth, expected), Message::AuthOk { mac }) => {
                 if !bool::from(expected.ct_eq(&mac)) {
@@ -433,32 +465,58 @@ impl ServerHandshake {
                     // client is, the credential that follows says.
                     self.secret = CREDENTIAL_KEY.to_vec();
                 }
-                let expected = proof(
-                    &self.secret,
-                    CLIENT_LABEL,
-                    h,
-                    &self.server_nonce,
-                    self.features,
-                    &self.binding,
-                );
-                if !bool::from(expected.ct_eq(&given)) {
-                    return Err(HandshakeError::BadProof);
-                }
-                let mut auth =
-                    Authenticated::new(&self.secret, &h.nonce, &self.server_nonce, &self.binding);
-                auth.features = self.features;
-                auth.peer_features = h.features;
-                let Message::Hello(ours) = self.hello() else {
-                    unreachable!("hello() makes a Hello")
-                };
-                let ok = Message::AuthOk {
-                    mac: proof_expected(&self.secret, h, &ours, &self.binding),
-                };
-                self.state = ServerState::Done;
-                Ok(Step::SendAndDone(ok, auth))
+                let secret = self.secret.clone();
+                self.check_proof(&secret, &given)
             }
             _ => Err(HandshakeError::Unexpected("message")),
         }
+    }
+
+    /// Feeds a client's [`Message::GrantProof`] instead of [`ServerHandshake::handle`]:
+    /// the caller looks the grant up and passes its secret (`None` when no live grant has
+    /// that id, which fails the proof like a wrong one).
+    pub fn handle_grant(
+        &mut self,
+        grant_id: &[u8; 16],
+        given: &[u8; 32],
+        grant_secret: Option<&[u8; 32]>,
+    ) -> Result<Step, HandshakeError> {
+        if !matches!(self.state, ServerState::AwaitProof(_)) {
+            return Err(HandshakeError::Unexpected("grant proof"));
+        }
+        let Some(grant_secret) = grant_secret else {
+            return Err(HandshakeError::BadProof);
+        };
+        self.check_proof(&grant_key(grant_id, grant_secret), given)
+    }
+
+    /// Checks the client's proof made with `secret`; proves this side with it back.
+    fn check_proof(&mut self, secret: &[u8], given: &[u8; 32]) -> Result<Step, HandshakeError> {
+        let ServerState::AwaitProof(h) = &self.state else {
+            return Err(HandshakeError::Unexpected("proof"));
+        };
+        let expected = proof(
+            secret,
+            CLIENT_LABEL,
+            h,
+            &self.server_nonce,
+            self.features,
+            &self.binding,
+        );
+        if !bool::from(expected.ct_eq(given)) {
+            return Err(HandshakeError::BadProof);
+        }
+        let mut auth = Authenticated::new(secret, &h.nonce, &self.server_nonce, &self.binding);
+        auth.features = self.features;
+        auth.peer_features = h.features;
+        let Message::Hello(ours) = self.hello() else {
+            unreachable!("hello() makes a Hello")
+        };
+        let ok = Message::AuthOk {
+            mac: proof_expected(secret, h, &ours, &self.binding),
+        };
+        self.state = ServerState::Done;
+        Ok(Step::SendAndDone(ok, auth))
     }
 
     /// The message telling a client its proof was wrong.
@@ -623,6 +681,55 @@ mod tests {
         }
         let (other, _) = run_bound(b"s3cret", b"s3cret", [8; 32], [8; 32]).unwrap();
         assert_ne!(other.block_key(Side::Client), keys[2]);
+    }
+
+    /// A grant's proof passes only with that grant's secret under that id, and a shared
+    /// secret's proof is no grant proof (nor the other way round).
+    #[test]
+    fn a_grant_proof_needs_the_grant_it_names() {
+        let run_grant = |given_id: [u8; 16], held: Option<&[u8; 32]>| {
+            let mut c = ClientHandshake::for_grant(given_id, &[5; 32], [1; 32], 0);
+            let mut s = ServerHandshake::new(b"shared", [2; 32], 0);
+            let Step::Send(proof) = c.handle(s.hello()).unwrap() else {
+                panic!()
+            };
+            s.handle(c.hello()).unwrap();
+            let Message::GrantProof { grant_id, mac } = proof else {
+                panic!("a grant proof, got {proof:?}")
+            };
+            assert_eq!(grant_id, given_id);
+            let step = s.handle_grant(&[9; 16], &mac, held)?;
+            let Step::SendAndDone(ok, server) = step else {
+                panic!()
+            };
+            let Step::Done(client) = c.handle(ok)? else {
+                panic!()
+            };
+            assert_eq!(client.session_key, server.session_key);
+            Ok::<_, HandshakeError>(())
+        };
+        assert_eq!(run_grant([9; 16], Some(&[5; 32])), Ok(()));
+        assert_eq!(
+            run_grant([9; 16], Some(&[6; 32])),
+            Err(HandshakeError::BadProof)
+        );
+        assert_eq!(run_grant([9; 16], None), Err(HandshakeError::BadProof));
+        assert_eq!(
+            run_grant([8; 16], Some(&[5; 32])),
+            Err(HandshakeError::BadProof),
+            "a proof made for another id"
+        );
+        // The shared secret's proof handed in as a grant's fails, and vice versa.
+        let mut c = ClientHandshake::new(&[5; 32], [1; 32], 0);
+        let mut s = ServerHandshake::new(&[5; 32], [2; 32], 0);
+        let Step::Send(Message::AuthProof { mac }) = c.handle(s.hello()).unwrap() else {
+            panic!()
+        };
+        s.handle(c.hello()).unwrap();
+        assert_eq!(
+            s.handle_grant(&[9; 16], &mac, Some(&[5; 32])),
+            Err(HandshakeError::BadProof)
+        );
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod handshake;
 mod message;
 pub mod ops;
 mod path;
+pub mod tpc;
 
 pub use block::{BlockHeader, PayloadCheck, Segment, BLOCK_MAGIC, MAX_BLOCK_PAYLOAD, MAX_SEGMENTS};
 pub use codec::{Decoder, Encoder};
@@ -70,6 +71,10 @@ pub mod features {
     pub const RESUME: u64 = 1 << 4;
     /// The receiver skips files it already has ([`crate::Message::UpToDate`]).
     pub const COMPARE: u64 = 1 << 5;
+    /// Third-party copy: the server makes grants ([`crate::ops::OpRequest::Grant`]),
+    /// pushes to another server with one ([`crate::ops::OpRequest::PushTo`]) and accepts
+    /// a grant's proof ([`crate::Message::GrantProof`]) in place of the secret's.
+    pub const THIRD_PARTY: u64 = 1 << 6;
 
     /// The client authenticates with a credential (a bearer token, or the X.509
     /// certificate it presented in TLS) instead of the shared secret; a server sets it
@@ -78,10 +83,11 @@ pub mod features {
     /// are then keyed by the TLS connection's exporter alone, so it is refused on a
     /// connection without TLS. The credential itself follows the proof as
     /// [`crate::Message::Credential`].
-    pub const CREDENTIAL: u64 = 1 << 6;
+    pub const CREDENTIAL: u64 = 1 << 7;
 
     /// What this build implements.
-    pub const SUPPORTED: u64 = BLOCK_CRC32C | FILE_XXH3_128 | FABRIC | RESUME | COMPARE;
+    pub const SUPPORTED: u64 =
+        BLOCK_CRC32C | FILE_XXH3_128 | FABRIC | RESUME | COMPARE | THIRD_PARTY;
 
     /// The features a session between these two sides uses.
     pub const fn negotiate(ours: u64, theirs: u64) -> u64 {

@@ -483,6 +483,13 @@ pub enum Message {
     /// Instead of [`OpenSession`]: a remote operation (see [`crate::ops`]).
     OpRequest(OpRequest),
     OpReply(OpReply),
+    /// Instead of [`Message::AuthProof`]: the proof of a third-party copy's grant, whose
+    /// id tells the server which grant's secret to check it with (see
+    /// [`crate::handshake::ClientHandshake::for_grant`]).
+    GrantProof {
+        grant_id: [u8; 16],
+        mac: [u8; 32],
+    },
 }
 
 impl Message {
@@ -516,6 +523,7 @@ impl Message {
             // 26-39: reserved for the session layer's messages.
             Message::OpRequest(_) => 40,
             Message::OpReply(_) => 41,
+            Message::GrantProof { .. } => 42,
         }
     }
 
@@ -627,6 +635,10 @@ impl Message {
             },
             Message::OpRequest(r) => ops::encode_request(r, e),
             Message::OpReply(r) => ops::encode_reply(r, e),
+            Message::GrantProof { grant_id, mac } => {
+                e.raw(grant_id);
+                e.raw(mac);
+            }
         }
     }
 
@@ -783,6 +795,10 @@ impl Message {
             }),
             40 => Message::OpRequest(ops::decode_request(&mut d)?),
             41 => Message::OpReply(ops::decode_reply(&mut d)?),
+            42 => Message::GrantProof {
+                grant_id: d.array()?,
+                mac: d.array()?,
+            },
             other => {
                 return Err(DecodeError::Unknown {
                     what: "message type",

@@ -26,6 +26,7 @@ use crate::message::{
     decode_class, decode_path, encode_class, FailureClass, MAX_FRAME_BODY, MAX_MESSAGE_BYTES,
 };
 use crate::path::{RelPath, MAX_PATH_BYTES};
+use crate::tpc::{self, Grant, Granted, PushTo, TransferProgress, TransferSummary};
 use crate::DecodeError;
 
 /// Most entries in one [`OpReply::List`] page.
@@ -75,6 +76,10 @@ pub enum OpRequest {
         path: RelPath,
         algorithm: ChecksumAlgorithm,
     },
+    /// Third-party copy, at the destination: a grant for one push (see [`crate::tpc`]).
+    Grant(Grant),
+    /// Third-party copy, at the source: push to another server with a grant it made.
+    PushTo(PushTo),
 }
 
 /// What a remove may remove.
@@ -396,6 +401,12 @@ pub enum OpReply {
     Progress {
         done: u64,
     },
+    /// The answer to [`OpRequest::Grant`].
+    Granted(Granted),
+    /// Not final: how far a [`OpRequest::PushTo`] is.
+    TransferProgress(TransferProgress),
+    /// How a [`OpRequest::PushTo`] ended, successful or not.
+    TransferDone(TransferSummary),
 }
 
 impl OpReply {
@@ -403,7 +414,7 @@ impl OpReply {
     pub fn is_final(&self) -> bool {
         match self {
             OpReply::List(page) => !page.more,
-            OpReply::Progress { .. } => false,
+            OpReply::Progress { .. } | OpReply::TransferProgress(_) => false,
             _ => true,
         }
     }
@@ -468,6 +479,14 @@ pub(crate) fn encode_request(r: &OpRequest, e: &mut Encoder) {
             e.u8(6);
             e.bytes(path.as_bytes());
             e.u8(algorithm.code());
+        }
+        OpRequest::Grant(g) => {
+            e.u8(7);
+            tpc::encode_grant(g, e);
+        }
+        OpRequest::PushTo(p) => {
+            e.u8(8);
+            tpc::encode_push(p, e);
         }
     }
 }
@@ -534,6 +553,8 @@ pub(crate) fn decode_request(d: &mut Decoder) -> Result<OpRequest, DecodeError> 
             path: decode_path(d)?,
             algorithm: ChecksumAlgorithm::from_code(d.u8()?)?,
         },
+        7 => OpRequest::Grant(tpc::decode_grant(d)?),
+        8 => OpRequest::PushTo(tpc::decode_push(d)?),
         other => {
             return Err(DecodeError::Unknown {
                 what: "operation",
@@ -581,6 +602,18 @@ pub(crate) fn encode_reply(r: &OpReply, e: &mut Encoder) {
             e.u8(6);
             e.u64(*done);
         }
+        OpReply::Granted(g) => {
+            e.u8(7);
+            tpc::encode_granted(g, e);
+        }
+        OpReply::TransferProgress(p) => {
+            e.u8(8);
+            tpc::encode_progress(p, e);
+        }
+        OpReply::TransferDone(s) => {
+            e.u8(9);
+            tpc::encode_summary(s, e);
+        }
     }
 }
 
@@ -626,6 +659,9 @@ pub(crate) fn decode_reply(d: &mut Decoder) -> Result<OpReply, DecodeError> {
             message: d.bytes("error message", MAX_MESSAGE_BYTES)?.to_vec(),
         }),
         6 => OpReply::Progress { done: d.u64()? },
+        7 => OpReply::Granted(tpc::decode_granted(d)?),
+        8 => OpReply::TransferProgress(tpc::decode_progress(d)?),
+        9 => OpReply::TransferDone(tpc::decode_summary(d)?),
         other => {
             return Err(DecodeError::Unknown {
                 what: "operation reply",

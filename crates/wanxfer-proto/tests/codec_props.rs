@@ -137,6 +137,8 @@ fn op_request() -> impl Strategy<Value = OpRequest> {
         (rel_path(), rel_path()).prop_map(|(from, to)| OpRequest::Rename { from, to }),
         (rel_path(), algorithm())
             .prop_map(|(path, algorithm)| OpRequest::Checksum { path, algorithm }),
+        (rel_path(), 1u32..=wanxfer_proto::tpc::MAX_GRANT_TTL_S)
+            .prop_map(|(path, ttl_s)| OpRequest::Grant(wanxfer_proto::tpc::Grant { path, ttl_s })),
     ]
 }
 
@@ -193,6 +195,8 @@ fn message() -> impl Strategy<Value = Message> {
                 })
             ),
         any::<[u8; 32]>().prop_map(|mac| Message::AuthProof { mac }),
+        (any::<[u8; 16]>(), any::<[u8; 32]>())
+            .prop_map(|(grant_id, mac)| Message::GrantProof { grant_id, mac }),
         any::<[u8; 32]>().prop_map(|mac| Message::AuthOk { mac }),
         (class(), ".{0,40}").prop_map(|(c, m)| Message::Error(ErrorMsg::new(c, &m))),
         (

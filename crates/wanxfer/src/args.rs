@@ -531,8 +531,10 @@ impl ServeArgs {
 #[derive(Debug, Args)]
 pub struct CpArgs {
     /// Sources then destination. A remote side is wanxfer://HOST[:PORT]/PATH (port 7800
-    /// if none), PATH relative to the server's root. Memory-to-memory: `--bytes 4GiB
-    /// /dev/zero wanxfer://HOST/dev/null` (or pull from .../dev/zero into /dev/null).
+    /// if none), PATH relative to the server's root; with both sides remote the data goes
+    /// from one server to the other, not through this client (third-party copy).
+    /// Memory-to-memory: `--bytes 4GiB /dev/zero wanxfer://HOST/dev/null` (or pull from
+    /// .../dev/zero into /dev/null).
     #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
     pub paths: Vec<PathBuf>,
     /// Parallel TCP streams (data channels).
@@ -563,6 +565,14 @@ pub struct CpArgs {
     /// Shared secret file (else WANXFER_SECRET).
     #[arg(long, value_name = "FILE")]
     pub secret_file: Option<PathBuf>,
+    /// Copies between two servers: the source server's secret file (else --secret-file,
+    /// else WANXFER_SECRET).
+    #[arg(long, value_name = "FILE")]
+    pub source_secret_file: Option<PathBuf>,
+    /// Copies between two servers: the destination server's secret file (else
+    /// --secret-file, else WANXFER_SECRET).
+    #[arg(long, value_name = "FILE")]
+    pub dest_secret_file: Option<PathBuf>,
     /// With --no-file-digest: no block CRC either, nothing is checked (measuring protocol
     /// cost). On its own it changes nothing: the segment digests check every block.
     #[arg(long)]
@@ -703,6 +713,17 @@ pub struct Request {
     pub job: ClientJob,
 }
 
+/// A validated copy between two servers.
+pub struct ThirdPartyRequest {
+    /// How to reach each server, with its own credential.
+    pub source: ClientConfig,
+    pub dest: ClientConfig,
+    pub sources: Vec<RelPath>,
+    pub dest_path: RelPath,
+    /// The destination was written with a trailing slash.
+    pub into: bool,
+}
+
 /// A side of a copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Location {
@@ -771,13 +792,112 @@ impl CpArgs {
         Ok(Request { config, job })
     }
 
+    /// A copy between two servers (every source on one server, the destination on
+    /// another or the same): `None` when a side is local.
+    pub fn third_party(&self) -> Result<Option<ThirdPartyRequest>, Error> {
+        let (dst, srcs) = self.paths.split_last().expect("clap requires two paths");
+        let Location::Remote {
+            server: dest_server,
+            path: dest,
+        } = parse_location(dst)?
+        else {
+            return Ok(None);
+        };
+        let srcs = srcs
+            .iter()
+            .map(|p| parse_location(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        if !srcs.iter().any(|s| matches!(s, Location::Remote { .. })) {
+            return Ok(None);
+        }
+        let mut source_server = None;
+        let mut sources = Vec::new();
+        for src in srcs {
+            let Location::Remote { server, path } = src else {
+                return Err(Error::Usage(
+                    "a copy between two servers takes only remote sources: copy local files \
+                     in a command of their own"
+                        .into(),
+                ));
+            };
+            if source_server.get_or_insert_with(|| server.clone()) != &server {
+                return Err(Error::Usage(
+                    "all remote sources must be on one server".into(),
+                ));
+            }
+            sources.push(path);
+        }
+        if self.bytes.is_some() {
+            return Err(Error::Usage(
+                "--bytes measures a path with synthetic data: not between two servers".into(),
+            ));
+        }
+        if self.transport.transport() != wanxfer_engine::session::Transport::Tcp {
+            return Err(Error::Usage(
+                "a copy between two servers runs over TCP: the servers choose no fabric".into(),
+            ));
+        }
+        if self.security.no_encryption {
+            return Err(Error::Usage(
+                "a copy between two servers needs TLS: the source pins the destination's \
+                 certificate as this client verified it (drop --no-encryption)"
+                    .into(),
+            ));
+        }
+        let source_server = source_server.expect("at least one remote source");
+        let credential = |side: &str, server: &str, file: &Option<PathBuf>, flag: &str| {
+            let file = file.as_deref().or(self.secret_file.as_deref());
+            let env = wanxfer_engine::secret::SECRET_ENV;
+            if file.is_none() && std::env::var_os(env).is_none_or(|v| v.is_empty()) {
+                return Err(Error::Usage(format!(
+                    "no credential for the {side} server {server}: give {flag} FILE or \
+                     --secret-file FILE, or set {env}"
+                )));
+            }
+            crate::secret::for_client(file)
+        };
+        let source_secret = credential(
+            "source",
+            &source_server,
+            &self.source_secret_file,
+            "--source-secret-file",
+        )?;
+        let dest_secret = credential(
+            "destination",
+            &dest_server,
+            &self.dest_secret_file,
+            "--dest-secret-file",
+        )?;
+        let config = |server: &str, secret: Vec<u8>| {
+            let mut config = ClientConfig::new(server.to_string(), secret, self.tuning());
+            config.connect_timeout = Duration::from_secs(self.connect_timeout.max(1));
+            config.retry = RetryPolicy {
+                retries: self.retries,
+                retry_for: self.retry_for,
+            };
+            if let Some(dir) = &self.state_dir {
+                config.state_dir = dir.clone();
+            }
+            config.security = self.security.security(self.quiet);
+            config
+        };
+        Ok(Some(ThirdPartyRequest {
+            source: config(&source_server, source_secret),
+            dest: config(&dest_server, dest_secret),
+            sources,
+            dest_path: dest,
+            into: ends_with_slash(self.paths.last().expect("clap requires two paths")),
+        }))
+    }
+
     fn push_job(&self, srcs: &[Location], dest: RelPath, into: bool) -> Result<ClientJob, Error> {
         let locals = srcs
             .iter()
             .map(|s| match s {
                 Location::Local(p) => Ok(p.clone()),
+                // `third_party` takes every request with a remote source and destination.
                 Location::Remote { .. } => Err(Error::Usage(
-                    "copying between two servers is not supported: one side must be local".into(),
+                    "a copy between two servers takes only remote sources".into(),
                 )),
             })
             .collect::<Result<Vec<_>, _>>()?;

@@ -8,6 +8,7 @@ mod config;
 mod ops;
 mod output;
 mod secret;
+mod tpc;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -215,6 +216,9 @@ fn with_json_error(json: bool, result: Result<(), Error>) -> Result<(), Error> {
 }
 
 fn cp(args: CpArgs) -> Result<(), Error> {
+    if let Some(request) = args.third_party()? {
+        return third_party_cp(&args, &request);
+    }
     let (secret, credential) =
         secret::for_client_with(args.secret_file.as_deref(), &args.security)?;
     let mut request = args.request(secret)?;
@@ -235,6 +239,34 @@ fn cp(args: CpArgs) -> Result<(), Error> {
                 output::print_error_json(&e, exit_code(&e), Some(&failed.report));
             }
             if request.config.cancel.is_cancelled() {
+                eprintln!(
+                    "wanxfer: interrupted; what arrived is kept. Run the same command again to resume:\n  {}",
+                    output::command_line()
+                );
+                return Err(Error::Cancelled);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// `cp` between two servers: the same progress, report, JSON and exit codes as `cp`.
+fn third_party_cp(args: &CpArgs, request: &args::ThirdPartyRequest) -> Result<(), Error> {
+    let cancel = on_signal();
+    let progress = Arc::new(Progress::default());
+    let bar = output::ProgressView::start(progress.clone(), args.show_progress());
+    let result = tpc::run(request, &progress, &cancel);
+    bar.finish();
+    match result {
+        Ok(report) => {
+            output::print_report(&report, &request.source.tuning, args.json, args.quiet);
+            Ok(())
+        }
+        Err((e, report)) => {
+            if args.json {
+                output::print_error_json(&e, exit_code(&e), Some(&report));
+            }
+            if cancel.is_cancelled() {
                 eprintln!(
                     "wanxfer: interrupted; what arrived is kept. Run the same command again to resume:\n  {}",
                     output::command_line()

@@ -272,6 +272,22 @@ struct JsonReport<'a> {
     block_checksum: bool,
     file_digest: bool,
     skipped: &'a [String],
+    /// A copy between two servers: the counts above are the source's, the CPU here this
+    /// client's and the peer's the source server's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    third_party: Option<ThirdPartyJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct ThirdPartyJson<'a> {
+    source: &'a str,
+    destination: &'a str,
+    destination_cpu_user_s: f64,
+    destination_cpu_sys_s: f64,
+    /// What this client sent and received over its own connections, counted by the
+    /// kernel: the copy's data never passes through it.
+    client_tcp_bytes_sent: u64,
+    client_tcp_bytes_received: u64,
 }
 
 /// Whether a side's I/O was writing received files (so its direct byte count means
@@ -329,6 +345,14 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool, quiet: bool) {
             block_checksum: tuning.block_crc || tuning.file_digest,
             file_digest: tuning.file_digest,
             skipped: &report.skipped,
+            third_party: report.third_party.as_ref().map(|t| ThirdPartyJson {
+                source: &t.source,
+                destination: &t.destination,
+                destination_cpu_user_s: seconds(t.destination_cpu.user_us),
+                destination_cpu_sys_s: seconds(t.destination_cpu.sys_us),
+                client_tcp_bytes_sent: t.client_tcp_bytes_sent,
+                client_tcp_bytes_received: t.client_tcp_bytes_received,
+            }),
         };
         println!(
             "{}",
@@ -370,14 +394,31 @@ fn summary(report: &Report, verified: bool) -> String {
     } else {
         String::new()
     };
-    format!(
-        "{} in {} in {:.2} s: {}{files_per_s}\n\
-         {}; CPU user+sys here {:.2}+{:.2} s, server {:.2}+{:.2} s",
+    let moved = format!(
+        "{} in {} in {:.2} s: {}{files_per_s}",
         human_bytes(report.bytes),
         plural(report.files, "file", "files"),
         report.seconds,
         human_rate(report.bytes as f64 * 8.0 / secs),
-        if verified { "verified" } else { "NOT verified" },
+    );
+    let verified = if verified { "verified" } else { "NOT verified" };
+    if let Some(t) = &report.third_party {
+        return format!(
+            "{moved}, {} -> {}\n\
+             {verified}; CPU user+sys source {:.2}+{:.2} s, destination {:.2}+{:.2} s, here {:.2}+{:.2} s",
+            t.source,
+            t.destination,
+            seconds(report.peer_cpu.user_us),
+            seconds(report.peer_cpu.sys_us),
+            seconds(t.destination_cpu.user_us),
+            seconds(t.destination_cpu.sys_us),
+            seconds(report.cpu.user_us),
+            seconds(report.cpu.sys_us),
+        );
+    }
+    format!(
+        "{moved}\n\
+         {verified}; CPU user+sys here {:.2}+{:.2} s, server {:.2}+{:.2} s",
         seconds(report.cpu.user_us),
         seconds(report.cpu.sys_us),
         seconds(report.peer_cpu.user_us),

@@ -10,7 +10,8 @@ use std::io::ErrorKind;
 use std::time::Duration;
 
 use wanxfer_proto::ops::{ChecksumAlgorithm, ListEntry, Meta, OpReply, OpRequest, RemoveMode};
-use wanxfer_proto::{FailureClass, Message, RelPath};
+use wanxfer_proto::tpc::{Grant, Granted, PushTo, TransferProgress, TransferSummary};
+use wanxfer_proto::{features, FailureClass, Message, RelPath};
 
 use crate::session::client::open_control;
 use crate::session::conn::{read_message, Control};
@@ -24,6 +25,10 @@ pub struct Client {
     control: Control,
     /// A request whose final reply has not been read: the connection cannot take another.
     pending: bool,
+    /// The features both sides offered.
+    features: u64,
+    /// The certificate the server presented and proved (`None` without TLS).
+    fingerprint: Option<String>,
 }
 
 impl Client {
@@ -31,7 +36,7 @@ impl Client {
     /// for at most `cfg.tuning.stall_timeout` each (a long operation sends progress
     /// frames, so only a silent server times out).
     pub fn connect(cfg: &ClientConfig) -> Result<Client, Error> {
-        let (stream, control, _auth) = open_control(cfg)?;
+        let (stream, control, auth, fingerprint) = open_control(cfg)?;
         let stall = cfg.tuning.stall_timeout.max(Duration::from_secs(1));
         stream
             .set_read_timeout(Some(stall))
@@ -40,7 +45,64 @@ impl Client {
             stream,
             control,
             pending: false,
+            features: auth.negotiated(),
+            fingerprint,
         })
+    }
+
+    /// The fingerprint (`SHA256:hex`) of the certificate this server presented, as this
+    /// client verified it; `None` on a connection without TLS.
+    pub fn fingerprint(&self) -> Option<&str> {
+        self.fingerprint.as_deref()
+    }
+
+    /// Bytes this connection has sent (and had acknowledged) and received, as the
+    /// kernel counted them: what a third-party copy's client proves it moved no data with.
+    pub fn tcp_bytes(&self) -> Option<(u64, u64)> {
+        crate::session::conn::tcp_bytes(self.stream.tcp())
+    }
+
+    /// Third-party copy, at the destination: a grant for one push into `path`, usable to
+    /// start it for `ttl_s` seconds (the server may shorten it).
+    pub fn grant(&mut self, path: &RelPath, ttl_s: u32) -> Result<Granted, Error> {
+        self.third_party()?;
+        self.send(OpRequest::Grant(Grant {
+            path: path.clone(),
+            ttl_s,
+        }))?;
+        match self.final_reply()? {
+            OpReply::Granted(g) => Ok(g),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// Third-party copy, at the source: pushes as `request` says, passing each progress
+    /// report to `each` (an error from it stops waiting and leaves this connection
+    /// unusable), and returns the source's summary, failed or not.
+    pub fn push_to(
+        &mut self,
+        request: PushTo,
+        mut each: impl FnMut(&TransferProgress) -> Result<(), Error>,
+    ) -> Result<TransferSummary, Error> {
+        self.third_party()?;
+        self.send(OpRequest::PushTo(request))?;
+        loop {
+            match self.reply()? {
+                OpReply::TransferProgress(p) => each(&p)?,
+                OpReply::TransferDone(summary) => return Ok(summary),
+                other => return Err(self.unexpected(&other)),
+            }
+        }
+    }
+
+    fn third_party(&self) -> Result<(), Error> {
+        if self.features & features::THIRD_PARTY == 0 {
+            return Err(Error::Usage(format!(
+                "{} does not take third-party copies (an older wanxfer)",
+                self.control.peer
+            )));
+        }
+        Ok(())
     }
 
     /// `HOST:PORT` of the server.

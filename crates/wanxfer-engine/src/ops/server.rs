@@ -11,7 +11,8 @@ use crate::stream::Stream;
 use std::time::{Duration, Instant};
 
 use wanxfer_proto::ops::{OpError, OpFailure, OpReply, OpRequest, RemoveMode};
-use wanxfer_proto::{ErrorMsg, FailureClass, Message, RelPath};
+use wanxfer_proto::tpc::{Grant, Granted, PushTo, TransferSummary};
+use wanxfer_proto::{features, ErrorMsg, FailureClass, Message, RelPath};
 
 use crate::auth::{authorize, Access, Exports, Identity};
 use crate::fs::Root;
@@ -22,13 +23,37 @@ use crate::Error;
 /// client's silence timeout (two minutes by default), far above the cost of a frame.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
 
+/// The third-party copy requests, which need more of the server than its root: its
+/// grant table (at the destination), its limits and state (at the source).
+pub(crate) trait ThirdParty {
+    /// A grant for `identity`, who must be allowed to write there itself.
+    fn grant(&self, request: &Grant, identity: &Identity) -> Result<Granted, Error>;
+    /// Runs the push of what `identity` may read, reporting progress on `control`; the
+    /// summary is the final reply.
+    fn push_to(
+        &self,
+        request: &PushTo,
+        identity: &Identity,
+        control: &mut Control,
+    ) -> Result<TransferSummary, Error>;
+}
+
+/// What the operations of one connection run against.
+pub(crate) struct Served<'a> {
+    pub exports: &'a Exports,
+    /// Who the client proved to be: every operation is authorized for it.
+    pub identity: &'a Identity,
+    pub third_party: &'a dyn ThirdParty,
+    /// The features both sides offered on this connection.
+    pub features: u64,
+}
+
 /// Runs operations on `stream` (authenticated, its first request `first` already read)
 /// until the client closes it or stays silent for `idle`. Errors of an operation go to
 /// the client and the connection goes on; only a connection that can no longer be used
 /// ends with an error.
 pub(crate) fn serve(
-    exports: &Exports,
-    identity: &Identity,
+    served: &Served<'_>,
     mut stream: Stream,
     mut control: Control,
     first: OpRequest,
@@ -37,7 +62,7 @@ pub(crate) fn serve(
     let peer = control.peer.clone();
     let mut request = first;
     loop {
-        execute(exports, identity, &request, &mut control)?;
+        execute(served, &request, &mut control)?;
         let _ = stream.set_read_timeout(Some(idle));
         request = match read_message(&mut stream, &peer) {
             Ok(Message::OpRequest(next)) => next,
@@ -76,15 +101,11 @@ fn permitted<'a>(
 }
 
 /// Executes one request and answers it; `Err` only when the client cannot be told.
-fn execute(
-    exports: &Exports,
-    identity: &Identity,
-    request: &OpRequest,
-    control: &mut Control,
-) -> Result<(), Error> {
+fn execute(served: &Served<'_>, request: &OpRequest, control: &mut Control) -> Result<(), Error> {
+    let exports = served.exports;
     let peer = control.peer.clone();
     let started = Instant::now();
-    let result = run(exports, identity, request, control, &peer);
+    let result = run(served, request, control, &peer);
     tracing::debug!("{peer}: {request:?} in {:?}", started.elapsed());
     match result {
         Ok(Some(reply)) => control.send(&Message::OpReply(reply)),
@@ -118,12 +139,21 @@ pub(crate) fn relative(exports: &Exports, e: &Error) -> String {
 }
 
 fn run(
-    exports: &Exports,
-    identity: &Identity,
+    served: &Served<'_>,
     request: &OpRequest,
     control: &mut Control,
     peer: &str,
 ) -> Result<Option<OpReply>, Error> {
+    let (exports, identity) = (served.exports, served.identity);
+    let third_party = || {
+        if served.features & features::THIRD_PARTY == 0 {
+            return Err(Error::Op {
+                failure: OpFailure::Invalid,
+                message: "third-party copy was not negotiated on this connection".into(),
+            });
+        }
+        Ok(served.third_party)
+    };
     match request {
         OpRequest::Stat { path } => {
             let (root, path) = permitted(exports, identity, path, Access::Read)?;
@@ -182,6 +212,19 @@ fn run(
                 })
             })
         }
+        OpRequest::Grant(grant) => {
+            tracing::info!(
+                "{peer}: grant for a third-party push into {} ({} s)",
+                grant.path,
+                grant.ttl_s
+            );
+            third_party()
+                .and_then(|t| t.grant(grant, identity))
+                .map(|g| Some(OpReply::Granted(g)))
+        }
+        OpRequest::PushTo(push) => third_party()
+            .and_then(|t| t.push_to(push, identity, control))
+            .map(|summary| Some(OpReply::TransferDone(summary))),
         other => Err(Error::Op {
             failure: OpFailure::Invalid,
             message: format!("{other:?}: not an operation this server knows"),

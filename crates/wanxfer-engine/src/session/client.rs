@@ -71,6 +71,8 @@ pub struct ClientConfig {
     pub credential: Option<ClientCredential>,
     /// The certificate chain and key (PEM) presented in TLS (`--cert`, `--key`).
     pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// Authenticate with this third-party copy grant (id, secret) instead of `secret`.
+    pub grant: Option<([u8; 16], [u8; 32])>,
 }
 
 /// How a client proves who it is when not by the shared secret.
@@ -106,6 +108,7 @@ impl ClientConfig {
             security: ClientSecurity::default(),
             credential: None,
             client_cert: None,
+            grant: None,
         }
     }
 
@@ -122,6 +125,10 @@ impl ClientConfig {
                     },
                 };
                 ClientTls::with_client_cert(&self.server, &trust, self.client_cert.as_ref())
+                    .map(|t| Some(Arc::new(t)))
+            }
+            ClientSecurity::Fingerprint(fingerprint) => {
+                ClientTls::new(&self.server, &Trust::Exact(fingerprint.clone()))
                     .map(|t| Some(Arc::new(t)))
             }
         }
@@ -199,6 +206,23 @@ pub struct Report {
     pub encryption: String,
     /// Where the data channels' records are sealed: `rustls`, `kernel` or `none`.
     pub tls_records: &'static str,
+    /// A third-party copy: who moved the data, and what this client moved itself.
+    pub third_party: Option<ThirdPartyReport>,
+}
+
+/// What a third-party copy adds to a report. The report's own byte and file counts are
+/// the source's, `cpu` is this client's and `peer_cpu` the source server's.
+#[derive(Debug, Clone, Default)]
+pub struct ThirdPartyReport {
+    /// `HOST:PORT` of the source and of the destination.
+    pub source: String,
+    pub destination: String,
+    /// The destination's CPU for the push, as it reported it to the source.
+    pub destination_cpu: CpuTime,
+    /// Bytes this client sent and received over all its connections (both servers),
+    /// counted by the kernel: the copy's data is not among them.
+    pub client_tcp_bytes_sent: u64,
+    pub client_tcp_bytes_received: u64,
 }
 
 /// One file that did not make it, for reports.
@@ -602,6 +626,7 @@ fn report(
         setup_round_trips: agreed.round_trips,
         encryption: String::new(),
         tls_records: "none",
+        third_party: None,
     }
 }
 
@@ -620,13 +645,22 @@ fn peer_io_use(stats: &Stats) -> IoUse {
 /// than a session (remote operations), with a read timeout of the connect timeout.
 pub(crate) fn open_control(
     cfg: &ClientConfig,
-) -> Result<(Stream, conn::Control, Authenticated), Error> {
+) -> Result<(Stream, conn::Control, Authenticated, Option<String>), Error> {
     let deadline = Deadline::after(cfg.connect_timeout);
     let tls = cfg.tls()?;
     let (stream, auth) = authenticate(cfg, tls.as_deref(), deadline, None, |_| Ok(()))?;
     let _ = stream.set_write_timeout(None);
     let control = conn::Control::new(&stream, cfg.server.clone())?;
-    Ok((stream, control, auth))
+    // The certificate the server presented, verified (pinned, or by its CA) and proved
+    // by the handshake: what a third-party copy's source is told to expect.
+    let fingerprint = tls.and_then(|tls| {
+        tls.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .fingerprint
+            .clone()
+    });
+    Ok((stream, control, auth, fingerprint))
 }
 
 /// Connects (TLS unless the session runs without encryption), greets and proves this
@@ -647,8 +681,13 @@ fn authenticate(
         ));
     }
     let mut stream = conn::connect_secure(peer, tls, deadline, cfg.tuning.stall_timeout)?;
-    let mut handshake = ClientHandshake::new(&cfg.secret, random()?, client_features(&cfg.tuning))
-        .with_binding(stream.binding());
+    let mut handshake = match &cfg.grant {
+        None => ClientHandshake::new(&cfg.secret, random()?, client_features(&cfg.tuning)),
+        Some((id, secret)) => {
+            ClientHandshake::for_grant(*id, secret, random()?, client_features(&cfg.tuning))
+        }
+    }
+    .with_binding(stream.binding());
     let credential = match &cfg.credential {
         None => None,
         Some(credential) => {
@@ -729,6 +768,11 @@ fn handshake(cfg: &ClientConfig, request: OpenSession) -> Result<Agreed, Error> 
     let open = Message::OpenSession(request.clone());
     let (mut stream, auth) =
         authenticate(cfg, tls.as_deref(), deadline, Some(&open), |greeting| {
+            if cfg.grant.is_some() && greeting.features & features::THIRD_PARTY == 0 {
+                return Err(Error::Usage(format!(
+                    "{peer} does not take third-party copies (an older wanxfer)"
+                )));
+            }
             if request.transport == TransportKind::Fabric
                 && greeting.features & features::FABRIC == 0
             {

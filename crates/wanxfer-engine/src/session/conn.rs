@@ -533,6 +533,32 @@ pub fn peer_on_this_host(stream: &Stream) -> bool {
     }
 }
 
+/// What the kernel counted on a TCP connection: bytes this side sent that the peer
+/// acknowledged, and bytes it received (`TCP_INFO`'s `tcpi_bytes_acked` and
+/// `tcpi_bytes_received`, whatever TLS or framing carried). `None` where the kernel does
+/// not say.
+pub fn tcp_bytes(stream: &TcpStream) -> Option<(u64, u64)> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `info` is a plain C struct that zeroed bytes make valid; getsockopt writes
+    // at most `len` bytes into it, and `len` is its size.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: the descriptor is open for the borrow of `stream`; pointer and length
+    // describe `info` exactly.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    // Kernels older than 4.2 fill in less than the two counters' end.
+    let needed = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_received) + 8;
+    (rc == 0 && len as usize >= needed).then_some((info.tcpi_bytes_acked, info.tcpi_bytes_received))
+}
+
 /// Socket settings for every wanxfer connection: no Nagle delay on small control frames,
 /// and a peer that vanishes without a FIN (a cut link, a crashed host) noticed within
 /// `stall`: unacknowledged data times out (`TCP_USER_TIMEOUT`) and an idle connection is

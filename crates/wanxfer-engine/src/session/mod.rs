@@ -13,11 +13,14 @@ pub mod client;
 /// TLS layer use them too.
 pub(crate) mod conn;
 pub mod driver;
+pub mod grants;
 pub mod server;
 pub mod state;
+mod tpc;
 
 pub use client::{
     run_client, ClientConfig, ClientCredential, ClientJob, PullDest, Report, RetryPolicy,
+    ThirdPartyReport,
 };
 pub use server::{Server, ServerLimits};
 

@@ -38,6 +38,7 @@ use wanxfer_session::negotiate::{self, Limits};
 
 use super::conn::{self, Deadline};
 use super::driver::{Driver, Event, Events, Outcome, Setup};
+use super::grants::{GrantTable, GRANT_REFUSED};
 use super::state::StateDir;
 use super::{random, Params, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
 use crate::auth::{
@@ -299,6 +300,74 @@ struct Shared {
     sessions: AtomicUsize,
     /// Every session's cancel token, to stop them all.
     stopping: Cancel,
+    /// Grants this server made for third-party copies into it.
+    grants: GrantTable,
+}
+
+/// How long a grant this server makes lives, unless the client asks for less.
+pub const GRANT_TTL: Duration = Duration::from_secs(wanxfer_proto::tpc::MAX_GRANT_TTL_S as u64);
+
+impl crate::ops::server::ThirdParty for Shared {
+    fn grant(
+        &self,
+        request: &wanxfer_proto::tpc::Grant,
+        identity: &Identity,
+    ) -> Result<wanxfer_proto::tpc::Granted, Error> {
+        if request
+            .path
+            .split_first()
+            .is_some_and(|(first, _)| first.starts_with(crate::ops::RESERVED_PREFIX))
+        {
+            return Err(Error::Op {
+                failure: wanxfer_proto::ops::OpFailure::Reserved,
+                message: format!("{}: the name is the server's own", request.path),
+            });
+        }
+        // Refused here already if the client could not write there itself (its session
+        // is authorized again, as this client, when the push arrives).
+        let (export, inside) = self.exports.resolve(&request.path)?;
+        authorize(identity, export, &inside, Access::Create)?;
+        let ttl = Duration::from_secs(request.ttl_s.into()).min(GRANT_TTL);
+        self.grants
+            .issue(request.path.clone(), identity.clone(), ttl, Instant::now())
+    }
+
+    fn push_to(
+        &self,
+        request: &wanxfer_proto::tpc::PushTo,
+        identity: &Identity,
+        control: &mut conn::Control,
+    ) -> Result<wanxfer_proto::tpc::TransferSummary, Error> {
+        // Every source within one export, each readable by the client.
+        let mut export: Option<&Export> = None;
+        let mut sources = Vec::with_capacity(request.sources.len());
+        for path in &request.sources {
+            let (named, inside) = self.exports.resolve(path)?;
+            if export.is_some_and(|e| !std::ptr::eq(e, named)) {
+                return Err(Error::Refused {
+                    path: path.to_string(),
+                    reason: "the sources of one third-party copy are in one export".into(),
+                });
+            }
+            authorize(identity, named, &inside, Access::Read)?;
+            export = Some(named);
+            sources.push(inside);
+        }
+        let Some(export) = export else {
+            return Err(Error::Usage("a third-party copy names no source".into()));
+        };
+        let request = wanxfer_proto::tpc::PushTo {
+            sources,
+            ..request.clone()
+        };
+        let side = super::tpc::SourceSide {
+            root: &export.root,
+            limits: &self.limits,
+            state_dir: self.limits.state_dir.as_deref(),
+            stopping: &self.stopping,
+        };
+        super::tpc::push(&side, &request, control)
+    }
 }
 
 impl Server {
@@ -344,6 +413,7 @@ impl Server {
                 failures: Failures::default(),
                 sessions: AtomicUsize::new(0),
                 stopping: Cancel::default(),
+                grants: GrantTable::default(),
             }),
         })
     }
@@ -642,9 +712,19 @@ impl Connection {
                 detail: "turned away after repeated failed authentications".into(),
             });
         }
+        // The grant this connection proved instead of the secret (a third-party push).
+        let mut grant = None;
         let auth = loop {
             let msg = conn::read_message_by(&mut stream, deadline, &self.peer)?;
-            match handshake.handle(msg) {
+            let step = match msg {
+                Message::GrantProof { grant_id, mac } => {
+                    grant = Some(grant_id);
+                    let secret = self.shared.grants.secret(&grant_id, Instant::now());
+                    handshake.handle_grant(&grant_id, &mac, secret.as_ref())
+                }
+                msg => handshake.handle(msg),
+            };
+            match step {
                 Ok(Step::Wait) => {}
                 Ok(Step::Send(reply)) => {
                     conn::write_all_by(&mut stream, &conn::frames(&[&reply]), deadline, &self.peer)?
@@ -666,9 +746,13 @@ impl Connection {
                     if e == wanxfer_proto::handshake::HandshakeError::BadProof {
                         self.shared.failures.record(self.ip);
                     }
+                    let refusal = match grant {
+                        None => ServerHandshake::auth_failed(),
+                        Some(_) => Message::Error(ErrorMsg::new(FailureClass::Auth, GRANT_REFUSED)),
+                    };
                     let _ = conn::write_all_by(
                         &mut stream,
-                        &conn::frames(&[&ServerHandshake::auth_failed()]),
+                        &conn::frames(&[&refusal]),
                         deadline,
                         &self.peer,
                     );
@@ -707,21 +791,33 @@ impl Connection {
             );
             return Err(Error::Limit("too many sessions".into()));
         }
-        let result = match request {
-            Message::OpenSession(open) => self.session(stream, auth, identity, open),
+        let result = match (request, grant) {
+            (Message::OpenSession(open), None) => self.session(stream, auth, identity, open),
+            (Message::OpenSession(open), Some(id)) => self.granted_session(stream, auth, open, id),
+            (_, Some(_)) => {
+                Self::refuse(
+                    &mut stream,
+                    FailureClass::Refused,
+                    "a third-party grant allows one push, nothing else",
+                    &self.peer,
+                );
+                Err(Error::Auth {
+                    peer: self.peer.clone(),
+                    detail: "a grant's connection asked for something other than its push".into(),
+                })
+            }
             // Remote operations instead of a session: this connection carries only them.
-            Message::OpRequest(first) => {
+            (Message::OpRequest(first), None) => {
                 let _ = stream.set_write_timeout(None);
                 conn::Control::new(&stream, self.peer.clone()).and_then(|control| {
                     let idle = self.shared.limits.stall_timeout;
-                    crate::ops::server::serve(
-                        &self.shared.exports,
-                        &identity,
-                        stream,
-                        control,
-                        first,
-                        idle,
-                    )
+                    let served = crate::ops::server::Served {
+                        exports: &self.shared.exports,
+                        identity: &identity,
+                        third_party: &*self.shared,
+                        features: auth.negotiated(),
+                    };
+                    crate::ops::server::serve(&served, stream, control, first, idle)
                 })
             }
             _ => Err(Error::protocol(&self.peer, "expected a request")),
@@ -816,6 +912,38 @@ impl Connection {
         let (lock, ended) = &**done;
         *lock.lock().expect("no panics while held") = true;
         ended.notify_all();
+    }
+
+    /// A push from a third-party copy's source, proved with grant `id`: only what the
+    /// grant allows (see [`GrantTable::admit`]), and the grant spent once it completes.
+    fn granted_session(
+        &self,
+        mut stream: Stream,
+        auth: Authenticated,
+        open: OpenSession,
+        id: [u8; 16],
+    ) -> Result<(), Error> {
+        // The push runs as the client the grant was made for, so it may do exactly what
+        // that client may.
+        let identity = match self.shared.grants.admit(&id, &open, Instant::now()) {
+            Ok(identity) => identity,
+            Err(e) => {
+                let text = match &e {
+                    Error::Auth { detail, .. } => detail.clone(),
+                    e => e.to_string(),
+                };
+                Self::refuse(&mut stream, e.wire_class(), &text, &self.peer);
+                return Err(e);
+            }
+        };
+        tracing::info!(
+            "{}: third-party push into {} for {identity}",
+            self.peer,
+            open.paths[0]
+        );
+        let result = self.session(stream, auth, identity, open);
+        self.shared.grants.finish(&id, result.is_ok());
+        result
     }
 
     fn session(
