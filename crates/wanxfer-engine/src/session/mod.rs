@@ -13,6 +13,7 @@ pub mod client;
 /// TLS layer use them too.
 pub(crate) mod conn;
 pub mod driver;
+pub mod observe;
 pub mod server;
 pub mod state;
 

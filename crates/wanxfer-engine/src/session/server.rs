@@ -25,7 +25,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,6 +38,7 @@ use wanxfer_session::negotiate::{self, Limits};
 
 use super::conn::{self, Deadline};
 use super::driver::{Driver, Event, Events, Outcome, Setup};
+use super::observe::{Observer, SessionEnd, SessionInfo, SessionKind};
 use super::state::StateDir;
 use super::{random, Params, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
 use crate::digest::BlockKey;
@@ -278,6 +279,10 @@ struct Shared {
     sessions: AtomicUsize,
     /// Every session's cancel token, to stop them all.
     stopping: Cancel,
+    /// Metrics, a transfer log: told of every session.
+    observer: Option<Arc<dyn Observer>>,
+    /// The last session's number.
+    numbered: AtomicU64,
 }
 
 impl Server {
@@ -315,8 +320,21 @@ impl Server {
                 failures: Failures::default(),
                 sessions: AtomicUsize::new(0),
                 stopping: Cancel::default(),
+                observer: None,
+                numbered: AtomicU64::new(0),
             }),
         })
+    }
+
+    /// Tells `observer` of every session from now on; call before [`Server::serve`].
+    pub fn observe(mut self, observer: Arc<dyn Observer>) -> Server {
+        match Arc::get_mut(&mut self.shared) {
+            Some(shared) => shared.observer = Some(observer),
+            // Shared only once `serve` hands it to threads, which it has not yet: a
+            // `Server` is consumed here and `serve` borrows it.
+            None => unreachable!("the server's state is shared only while it serves"),
+        }
+        self
     }
 
     /// The certificate clients see, for the operator to print and compare.
@@ -334,8 +352,12 @@ impl Server {
     /// back space reserved beyond what interrupted ones verified; logs what it did.
     fn collect_garbage(shared: &Shared) {
         if let Some(state) = &shared.state {
-            for line in state.collect_garbage(shared.limits.keep_partial) {
+            let sweep = state.collect_garbage(shared.limits.keep_partial);
+            for line in sweep.lines {
                 tracing::info!("{line}");
+            }
+            if let Some(observer) = &shared.observer {
+                observer.partial_files_kept(sweep.partial_files_kept);
             }
         }
     }
@@ -469,6 +491,9 @@ impl Connection {
             }
         });
         if let Err(e) = result {
+            if let Some(observer) = &self.shared.observer {
+                observer.connection_failed(e.class());
+            }
             match e {
                 Error::Network { .. } => tracing::debug!("connection from {}: {e}", self.peer),
                 _ => tracing::warn!("session with {}: {e}", self.peer),
@@ -665,10 +690,14 @@ impl Connection {
             // Remote operations instead of a session: this connection carries only them.
             Message::OpRequest(first) => {
                 let _ = stream.set_write_timeout(None);
-                conn::Control::new(&stream, self.peer.clone()).and_then(|control| {
+                let info = self.info(SessionKind::Op, Vec::new(), &stream);
+                self.observe_start(&info);
+                let result = conn::Control::new(&stream, self.peer.clone()).and_then(|control| {
                     let idle = self.shared.limits.stall_timeout;
                     crate::ops::server::serve(&self.shared.root, stream, control, first, idle)
-                })
+                });
+                self.observe_end(&info, &result);
+                result
             }
             _ => Err(Error::protocol(&self.peer, "expected a request")),
         };
@@ -737,13 +766,62 @@ impl Connection {
     ) -> Result<(), Error> {
         let cancel = Cancel::default();
         let done = self.claim_transfer(request.transfer_id, &cancel);
+        let kind = match request.direction {
+            Direction::Push => SessionKind::Push,
+            _ => SessionKind::Pull,
+        };
+        let paths = request.paths.iter().map(|p| p.to_string()).collect();
+        let mut info = self.info(kind, paths, &stream);
         // A bug in one session must not leak its place or its transfer.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.run_session(stream, auth, &request, cancel)
+            self.run_session(stream, auth, &request, cancel, &mut info)
         }))
         .unwrap_or_else(|_| Err(Error::Internal("a session thread panicked".into())));
         self.release_transfer(request.transfer_id, &done);
+        self.observe_end(&info, &result);
         result
+    }
+
+    /// A session as its observer first sees it; `run_session` fills in what it agrees.
+    fn info(&self, kind: SessionKind, paths: Vec<String>, stream: &Stream) -> SessionInfo {
+        SessionInfo {
+            number: self.shared.numbered.fetch_add(1, Ordering::Relaxed) + 1,
+            peer: self.peer.clone(),
+            // The only identity the handshake knows today: the holder of the secret.
+            identity: "secret".into(),
+            kind,
+            paths,
+            streams: 0,
+            transport: "tcp",
+            encryption: if stream.is_encrypted() { "tls" } else { "none" },
+            started: std::time::SystemTime::now(),
+            progress: None,
+        }
+    }
+
+    fn observe_start(&self, info: &SessionInfo) {
+        if let Some(observer) = &self.shared.observer {
+            observer.session_started(info);
+        }
+    }
+
+    fn observe_end(&self, info: &SessionInfo, result: &Result<(), Error>) {
+        let Some(observer) = &self.shared.observer else {
+            return;
+        };
+        let load = |f: fn(&Progress) -> &AtomicU64| {
+            info.progress
+                .as_deref()
+                .map_or(0, |p| f(p).load(Ordering::Relaxed))
+        };
+        let end = SessionEnd {
+            ended: std::time::SystemTime::now(),
+            files: load(|p| &p.files),
+            failed_files: load(|p| &p.failed_files),
+            bytes: load(|p| &p.bytes),
+            error: result.as_ref().err().map(|e| (e.class(), self.relative(e))),
+        };
+        observer.session_ended(info, &end);
     }
 
     fn run_session(
@@ -752,6 +830,7 @@ impl Connection {
         auth: Authenticated,
         request: &OpenSession,
         cancel: Cancel,
+        info: &mut SessionInfo,
     ) -> Result<(), Error> {
         let shared = &self.shared;
         let l = &shared.limits;
@@ -864,6 +943,16 @@ impl Connection {
         if let Some(note) = io_note {
             let _ = progress.io_fallback.set(note);
         }
+        info.streams = accepted.streams;
+        info.transport = match request.transport {
+            TransportKind::Fabric => "fabric",
+            _ => "tcp",
+        };
+        if kernel_tls {
+            info.encryption = "ktls";
+        }
+        info.progress = Some(progress.clone());
+        self.observe_start(info);
         let started = Instant::now();
         let meter = Arc::new(CpuMeter::default());
         let (role, sink) = match role {
