@@ -42,6 +42,7 @@ use super::observe::{Observer, SessionEnd, SessionInfo, SessionKind};
 use super::state::StateDir;
 use super::{random, Params, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
 use crate::digest::BlockKey;
+use crate::error::count_of;
 use crate::fs::Root;
 use crate::pool::Cancel;
 use crate::progress::{CpuMeter, Progress};
@@ -419,7 +420,10 @@ impl Server {
 
     fn drain(&self) {
         let running = self.shared.sessions.load(Ordering::SeqCst);
-        tracing::info!("stopping: no new connections; ending {running} session(s)");
+        tracing::info!(
+            "stopping: no new connections; ending {}",
+            count_of(running as u64, "session")
+        );
         self.shared.stopping.cancel();
         let deadline = Instant::now() + self.shared.limits.drain_timeout;
         while self.shared.sessions.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
@@ -432,7 +436,8 @@ impl Server {
             );
         } else {
             tracing::warn!(
-                "stopped with {left} session(s) still ending after {:?}",
+                "stopped with {} still ending after {:?}",
+                count_of(left as u64, "session"),
                 self.shared.limits.drain_timeout
             );
         }
@@ -1011,7 +1016,7 @@ impl Connection {
                 let bytes = progress.bytes.load(Ordering::Relaxed);
                 tracing::info!(
                     "session with {who}: {direction} {bytes} bytes in {} ({} up to date, {} failed) in {secs:.2} s, {:.2} Gbit/s, CPU {:.2} s",
-                    files(outcome.files_ok),
+                    count_of(outcome.files_ok, "file"),
                     outcome.up_to_date,
                     outcome.failures.len(),
                     bytes as f64 * 8.0 / secs / 1e9,
@@ -1214,15 +1219,6 @@ fn close_after_refusal(stream: &mut Stream) {
             Ok(0) | Err(_) => break,
             Ok(n) => budget = budget.saturating_sub(n),
         }
-    }
-}
-
-/// "1 file", "2 files".
-fn files(n: u64) -> String {
-    if n == 1 {
-        "1 file".into()
-    } else {
-        format!("{n} files")
     }
 }
 

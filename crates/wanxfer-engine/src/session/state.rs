@@ -178,9 +178,9 @@ impl StateDir {
             if expired {
                 let _ = std::fs::remove_file(&path);
                 done.lines.push(format!(
-                    "removed an abandoned transfer ({} partial file(s), {} temporaries deleted, idle {} h)",
-                    journal.files.len(),
-                    removed,
+                    "removed an abandoned transfer ({}, {} deleted, idle {} h)",
+                    crate::error::count_of(journal.files.len() as u64, "partial file"),
+                    crate::error::count_of(removed, "temporary file"),
                     age.as_secs() / 3600
                 ));
             } else {
