@@ -233,21 +233,19 @@ fn metrics_and_transfer_log_match_the_transfers() {
         dest.as_os_str(),
     ]);
     assert_ne!(failed.code, 0);
+    // Remote operations are a session too.
+    wanxfer("ls", [server.url("")]).assert_ok();
 
     // After: the counters are the transfers'; the sessions' own series are gone.
     let mut after = Vec::new();
-    wait_for(
-        "the failed session counted",
-        Duration::from_secs(20),
-        || {
-            after = scrape(&addr).1;
-            value(
-                &after,
-                "wanxfer_sessions_total",
-                &[("kind", "pull"), ("result", "failed")],
-            ) == 1.0
-        },
-    );
+    wait_for("the last session counted", Duration::from_secs(20), || {
+        after = scrape(&addr).1;
+        value(
+            &after,
+            "wanxfer_sessions_total",
+            &[("kind", "op"), ("result", "ok")],
+        ) == 1.0
+    });
     let v = |name, labels: &[(&str, &str)]| value(&after, name, labels);
     assert_eq!(
         v("wanxfer_transferred_bytes_total", &[("direction", "in")]),
@@ -273,6 +271,13 @@ fn metrics_and_transfer_log_match_the_transfers() {
         ),
         1.0
     );
+    assert_eq!(
+        v(
+            "wanxfer_sessions_total",
+            &[("kind", "pull"), ("result", "failed")]
+        ),
+        1.0
+    );
     assert_eq!(v("wanxfer_sessions_active", &[("kind", "push")]), 0.0);
     assert_eq!(v("wanxfer_sessions_active", &[("kind", "pull")]), 0.0);
     assert!(series(&after, "wanxfer_session_throughput_bytes_per_second").is_empty());
@@ -288,13 +293,15 @@ fn metrics_and_transfer_log_match_the_transfers() {
 
     // The transfer log: a JSON line per session, in the order they ended (written as the
     // server's side of a session ends, which may be just after the client exits).
-    let text = wait_for_lines(&log_path, 3);
+    let text = wait_for_lines(&log_path, 4);
     let records: Vec<serde_json::Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect();
-    assert_eq!(records.len(), 3, "{text}");
-    let (push, pull, miss) = (&records[0], &records[1], &records[2]);
+    assert_eq!(records.len(), 4, "{text}");
+    let (push, pull, miss, op) = (&records[0], &records[1], &records[2], &records[3]);
+    assert_eq!(op["direction"], "op");
+    assert_eq!(op["result"], "ok");
     assert_eq!(push["direction"], "push");
     assert_eq!(push["paths"], serde_json::json!(["big.bin"]));
     assert_eq!(push["bytes"], LARGE);
