@@ -15,6 +15,7 @@ PACKAGES=(
   xxhash                          # xxhsum -H2, the reference for `wanxfer sum`
   libgfal2-dev                    # the gfal2 plugin's headers (bindgen) and libraries
   gfal2 python3-gfal2             # gfal2 with its plugins, and the Python bindings its tests drive
+  python3-prometheus-client       # Prometheus's own parsers read the metrics endpoint (tests/metrics.rs)
 )
 
 missing=()

@@ -90,9 +90,11 @@ bin="$root/usr/bin/wanxfer"
 check "the packaged configuration is valid" "$bin" serve --check-config "$root/etc/wanxfer/wanxfer.toml"
 mkdir "$scratch/served"
 # The packaged configuration, with the paths that belong to a real installation
-# (/srv/wanxfer, /var/lib/wanxfer) and the address overridden on the command line.
+# (/srv/wanxfer, /var/lib/wanxfer, /var/log/wanxfer) and the address overridden on the
+# command line.
 "$bin" serve --config "$root/etc/wanxfer/wanxfer.toml" --root "$scratch/served" \
-  --listen 127.0.0.1:0 --secret-file "$scratch/secret" >"$scratch/serve.out" 2>"$scratch/serve.log" &
+  --listen 127.0.0.1:0 --secret-file "$scratch/secret" --transfer-log "$scratch/transfers.log" \
+  >"$scratch/serve.out" 2>"$scratch/serve.log" &
 server_pid=$!
 addr=
 for _ in $(seq 200); do
@@ -107,6 +109,7 @@ fi
 head -c 3000000 /dev/urandom >"$scratch/payload"
 check "cp through the installed server" "$bin" cp -q --secret-file "$scratch/secret" "$scratch/payload" "wanxfer://$addr/copied"
 check "  and the copy is identical" cmp -s "$scratch/payload" "$scratch/served/copied"
+check "  and the transfer log has its record" grep -q '"direction":"push"' "$scratch/transfers.log"
 kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=
 
 echo "== the installed unit"

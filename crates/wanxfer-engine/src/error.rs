@@ -59,7 +59,7 @@ pub enum Error {
     /// onto an errno (gfal2) or shows; the message names the path relative to the root.
     #[error("{message}")]
     Op { failure: OpFailure, message: String },
-    #[error("{count} file(s) failed; first: {first}")]
+    #[error("{} failed; first: {first}", count_of(*count, "file"))]
     Files { count: u64, first: Box<Error> },
     #[error("transfer cancelled")]
     Cancelled,
@@ -189,5 +189,42 @@ fn explain_lost_connection(e: io::Error) -> io::Error {
             io::Error::new(kind, format!("connection lost, the peer went away ({e})"))
         }
         _ => e,
+    }
+}
+
+/// "1 file", "2 files": a count with its noun as a person writes it, never "file(s)".
+pub(crate) fn count_of(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+#[cfg(test)]
+mod plural_tests {
+    use super::*;
+
+    /// Issue 21 item 6: "1 files" and "file(s)" in what users read.
+    #[test]
+    fn counts_read_as_words() {
+        assert_eq!(count_of(0, "file"), "0 files");
+        assert_eq!(count_of(1, "session"), "1 session");
+        let one = Error::Files {
+            count: 1,
+            first: Box::new(Error::Usage("x".into())),
+        };
+        assert!(
+            one.to_string().starts_with("1 file failed; first: "),
+            "{one}"
+        );
+        let two = Error::Files {
+            count: 2,
+            first: Box::new(Error::Usage("x".into())),
+        };
+        assert!(
+            two.to_string().starts_with("2 files failed; first: "),
+            "{two}"
+        );
     }
 }

@@ -344,6 +344,26 @@ impl Drop for Block {
 pub struct Pool {
     free: Arc<FreeList>,
     block_size: usize,
+    /// Buffers in all, on loan or free.
+    capacity: usize,
+}
+
+/// A watcher's view of a pool's occupancy that does not keep the pool's memory alive:
+/// the buffers go when the session's last `Pool` and `Block` do, whoever still watches.
+#[derive(Debug, Clone)]
+pub struct PoolGauge {
+    free: std::sync::Weak<FreeList>,
+    capacity: usize,
+}
+
+impl PoolGauge {
+    /// Buffers on loan and in all, or `None` once the pool is gone. Takes the pool's lock
+    /// for a moment: for a scrape now and then, not for the data path.
+    pub fn occupancy(&self) -> Option<(usize, usize)> {
+        let free = self.free.upgrade()?;
+        let idle = free.lock().len();
+        Some((self.capacity.saturating_sub(idle), self.capacity))
+    }
 }
 
 impl Pool {
@@ -367,6 +387,7 @@ impl Pool {
 
     fn with_storage(block_size: usize, storage: impl ExactSizeIterator<Item = Storage>) -> Pool {
         let free = Arc::new(FreeList::default());
+        let capacity = storage.len();
         for data in storage {
             free.put(Box::new(BlockBuf {
                 data,
@@ -379,7 +400,19 @@ impl Pool {
                 file_range: None,
             }));
         }
-        Pool { free, block_size }
+        Pool {
+            free,
+            block_size,
+            capacity,
+        }
+    }
+
+    /// A view of how many buffers are on loan, for metrics.
+    pub fn gauge(&self) -> PoolGauge {
+        PoolGauge {
+            free: Arc::downgrade(&self.free),
+            capacity: self.capacity,
+        }
     }
 
     fn lend(&self, buf: Box<BlockBuf>) -> Block {
@@ -474,5 +507,17 @@ mod tests {
         let _held = pool.take(&cancel).unwrap();
         cancel.cancel();
         assert!(matches!(pool.take(&cancel), Err(Error::Cancelled)));
+    }
+
+    #[test]
+    fn a_gauge_counts_loans_and_does_not_keep_the_pool() {
+        let pool = Pool::new(3, 16);
+        let gauge = pool.gauge();
+        let cancel = Cancel::default();
+        assert_eq!(gauge.occupancy(), Some((0, 3)));
+        let held = pool.take(&cancel).unwrap();
+        assert_eq!(gauge.occupancy(), Some((1, 3)));
+        drop((held, pool));
+        assert_eq!(gauge.occupancy(), None);
     }
 }

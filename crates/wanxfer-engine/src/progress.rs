@@ -4,7 +4,13 @@
 //! progress bar, a benchmark, a test) reads them when it likes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
+
+use crate::pool::{Pool, PoolGauge};
+
+/// Channels whose bytes are counted one by one; a channel of a higher index is counted
+/// only in the session's total. Bounds what a watcher (metrics) reports per session.
+pub const COUNTED_CHANNELS: usize = 64;
 
 /// Live counters of one session, seen from this side.
 #[derive(Debug, Default)]
@@ -26,6 +32,41 @@ pub struct Progress {
     /// Sending: the first reason a channel did less than `--io` asked for (see
     /// [`IoUse::fallback`]).
     pub io_fallback: OnceLock<String>,
+    /// Fabric receiver: slots granted to the sender and not yet written (its credits).
+    pub fabric_credits: AtomicU64,
+    /// Payload bytes by channel index, the first [`COUNTED_CHANNELS`] channels.
+    channel_bytes: ChannelBytes,
+    /// The session's block pools (its buffer pool; a fabric receiver's slot pools), for
+    /// watchers of their occupancy. Weak: watching keeps no memory.
+    pools: Mutex<Vec<(PoolKind, PoolGauge)>>,
+}
+
+/// What a watched pool's buffers are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PoolKind {
+    /// The session's block buffers (TCP channels, and a fabric sender's).
+    Blocks,
+    /// A fabric receiving channel's registered slots: each one on loan is a credit the
+    /// sender does not have.
+    FabricSlots,
+}
+
+impl PoolKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolKind::Blocks => "blocks",
+            PoolKind::FabricSlots => "fabric_slots",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ChannelBytes(Box<[AtomicU64]>);
+
+impl Default for ChannelBytes {
+    fn default() -> Self {
+        ChannelBytes((0..COUNTED_CHANNELS).map(|_| AtomicU64::new(0)).collect())
+    }
 }
 
 /// How one side moved file bytes in a session, reported at its end (the server's in its
@@ -55,6 +96,53 @@ impl Progress {
         ] {
             counter.store(0, Ordering::Relaxed);
         }
+        for counter in self.channel_bytes.0.iter() {
+            counter.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// `len` payload bytes moved over channel `index` (sent, or received and checked).
+    pub fn moved(&self, index: u16, len: u64) {
+        self.bytes.fetch_add(len, Ordering::Relaxed);
+        if let Some(counter) = self.channel_bytes.0.get(usize::from(index)) {
+            counter.fetch_add(len, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes moved so far on each channel that moved any, by index.
+    pub fn channel_bytes(&self) -> Vec<(u16, u64)> {
+        (0u16..)
+            .zip(self.channel_bytes.0.iter())
+            .map(|(i, c)| (i, c.load(Ordering::Relaxed)))
+            .filter(|&(_, n)| n > 0)
+            .collect()
+    }
+
+    /// Lets watchers see `pool`'s occupancy while it lives.
+    pub fn watch_pool(&self, kind: PoolKind, pool: &Pool) {
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        // Pools of channels that ended go, so the list stays as long as the live ones.
+        pools.retain(|(_, gauge)| gauge.occupancy().is_some());
+        pools.push((kind, pool.gauge()));
+    }
+
+    /// Buffers on loan and in all, per kind of pool, summed over the live pools.
+    pub fn pool_occupancy(&self) -> Vec<(PoolKind, usize, usize)> {
+        let pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sums: Vec<(PoolKind, usize, usize)> = Vec::new();
+        for (kind, gauge) in pools.iter() {
+            let Some((in_use, capacity)) = gauge.occupancy() else {
+                continue;
+            };
+            match sums.iter_mut().find(|(k, _, _)| k == kind) {
+                Some((_, u, c)) => {
+                    *u += in_use;
+                    *c += capacity;
+                }
+                None => sums.push((*kind, in_use, capacity)),
+            }
+        }
+        sums
     }
 
     /// Bytes done (moved or found in place), files done, and the totals announced.

@@ -435,6 +435,14 @@ pub struct ServeArgs {
     /// Connections not yet authenticated from one address.
     #[arg(long, default_value_t = ServerLimits::default().max_pending_per_address)]
     pub max_pending_per_address: usize,
+    /// Append one JSON line per session to this file (times, peer, identity, direction,
+    /// paths, files, bytes, streams, transport, encryption, rate, result, error class).
+    /// A file moved away (logrotate) is noticed at the next record and created anew.
+    #[arg(long, value_name = "FILE")]
+    pub transfer_log: Option<PathBuf>,
+    /// Serve Prometheus metrics (OpenMetrics text) at http://HOST:PORT/metrics.
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen)]
+    pub metrics_listen: Option<String>,
     #[command(flatten)]
     pub log: LogArgs,
 }

@@ -507,6 +507,11 @@ mod tests {
             default.to_string_lossy().into_owned()
         } else if let Some(choice) = arg.get_possible_values().first() {
             choice.get_name().to_string()
+        } else if arg
+            .get_value_names()
+            .is_some_and(|names| names.iter().any(|n| n.as_str() == "HOST:PORT"))
+        {
+            "127.0.0.1:0".to_string()
         } else {
             "/srv/sample".to_string()
         };

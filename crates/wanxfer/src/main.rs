@@ -5,10 +5,12 @@ mod args;
 mod assets;
 mod bench;
 mod config;
+mod metrics;
 mod ops;
 mod output;
 mod secret;
 mod tpc;
+mod transfer_log;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -176,7 +178,25 @@ fn serve(args: ServeArgs) -> Result<(), Error> {
     }
     limits.exports = tables.exports;
     limits.issuers = tables.issuers;
-    let server = Server::bind(&args.listen, root, secret, limits.clone())?;
+    let mut server = Server::bind(&args.listen, root, secret, limits.clone())?;
+    let watchers = Watchers {
+        log: args
+            .transfer_log
+            .as_deref()
+            .map(transfer_log::TransferLog::open)
+            .transpose()?,
+        metrics: args
+            .metrics_listen
+            .as_ref()
+            .map(|_| Arc::new(metrics::Metrics::new())),
+    };
+    if let (Some(metrics), Some(listen)) = (&watchers.metrics, &args.metrics_listen) {
+        let at = metrics.serve(listen)?;
+        tracing::info!("metrics at http://{at}/metrics");
+    }
+    if watchers.log.is_some() || watchers.metrics.is_some() {
+        server = server.observe(Arc::new(watchers));
+    }
     let addr = server.local_addr()?;
     // The one start line, on stdout: scripts and tests read the address from it (the port
     // when listening on port 0). It is not logged too, which would say it twice.
@@ -205,6 +225,46 @@ fn serve(args: ServeArgs) -> Result<(), Error> {
     }
     // SIGTERM (systemd stopping the service) or Ctrl-C: drain, then exit 0.
     server.serve(&on_signal())
+}
+
+/// Who watches the server's sessions: the transfer log and the metrics, either or both.
+struct Watchers {
+    log: Option<transfer_log::TransferLog>,
+    metrics: Option<Arc<metrics::Metrics>>,
+}
+
+impl wanxfer_engine::session::observe::Observer for Watchers {
+    fn session_started(&self, session: &wanxfer_engine::session::observe::SessionInfo) {
+        if let Some(m) = &self.metrics {
+            m.session_started(session);
+        }
+    }
+
+    fn session_ended(
+        &self,
+        session: &wanxfer_engine::session::observe::SessionInfo,
+        end: &wanxfer_engine::session::observe::SessionEnd,
+    ) {
+        // The record first: whoever sees the metrics count a session finds its line.
+        if let Some(log) = &self.log {
+            log.session_ended(session, end);
+        }
+        if let Some(m) = &self.metrics {
+            m.session_ended(session, end);
+        }
+    }
+
+    fn connection_failed(&self, class: ErrorClass) {
+        if let Some(m) = &self.metrics {
+            m.connection_failed(class);
+        }
+    }
+
+    fn partial_files_kept(&self, files: u64) {
+        if let Some(m) = &self.metrics {
+            m.partial_files_kept(files);
+        }
+    }
 }
 
 /// With `--json`, a failure is also one JSON object on stdout, as for `cp`.

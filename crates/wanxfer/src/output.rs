@@ -444,7 +444,7 @@ fn failed_json(report: &Report) -> Vec<FailedJson> {
         .collect()
 }
 
-fn class_name(class: ErrorClass) -> &'static str {
+pub fn class_name(class: ErrorClass) -> &'static str {
     match class {
         ErrorClass::Usage => "usage",
         ErrorClass::Auth => "auth",

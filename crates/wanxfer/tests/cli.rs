@@ -483,3 +483,88 @@ fn the_progress_bar_fits_80_columns_and_stays_off_redirected_output() {
     );
     assert!(!has_escape_codes(&redirected), "{redirected:?}");
 }
+
+/// A listener on loopback that treats every connection as `answer` says, on its own
+/// thread, holding each connection open until the test ends.
+fn impostor(answer: fn(&mut std::net::TcpStream)) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for mut conn in listener.incoming().flatten() {
+            answer(&mut conn);
+            held.push(conn);
+        }
+    });
+    addr
+}
+
+/// Issue 21 item 6: `--connect-timeout` bounds the whole handshake, TLS included. A port
+/// that accepts and never speaks took 31 s with `--connect-timeout 3`; the bound here is
+/// loose (a loaded machine), far below that.
+#[test]
+fn connect_timeout_bounds_the_handshake_with_a_silent_port() {
+    let addr = impostor(|_| {});
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("f");
+    fs::write(&src, b"x").unwrap();
+    let url = format!("wanxfer://{addr}/f");
+    for extra in [&[][..], &["--no-encryption"][..]] {
+        let started = std::time::Instant::now();
+        let mut cmd = cp_command(["--retries=0", "--connect-timeout=2"]);
+        cmd.args(extra).arg(&src).arg(&url);
+        let run = Run::from_cmd(cmd);
+        let took = started.elapsed();
+        run.assert_code(4);
+        assert!(
+            took < Duration::from_secs(15),
+            "{extra:?}: gave up after {took:?}"
+        );
+        assert!(
+            run.stderr.contains("in time") || run.stderr.contains("said nothing"),
+            "{run:#?}"
+        );
+        // A remote operation as well.
+        let started = std::time::Instant::now();
+        let ls = Command::new(wanxfer_bin())
+            .args(["ls", "--connect-timeout=2"])
+            .args(extra)
+            .arg(&url)
+            .env("WANXFER_SECRET", SECRET)
+            .env("WANXFER_STATE_DIR", state_dir())
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        assert_eq!(ls.status.code(), Some(4), "{ls:?}");
+        assert!(started.elapsed() < Duration::from_secs(15));
+    }
+}
+
+/// Issue 21 item 6: something that is not a wanxfer server (a web server, an SSH
+/// server) is named as such, not as "reserved frame header bytes are not zero".
+#[test]
+fn a_port_that_is_not_a_wanxfer_server_is_named_as_such() {
+    use std::io::{Read, Write};
+    let web = impostor(|conn| {
+        let mut request = [0u8; 1024];
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = conn.read(&mut request);
+        let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+    });
+    let ssh = impostor(|conn| {
+        let _ = conn.write_all(b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n");
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("f");
+    fs::write(&src, b"x").unwrap();
+    for addr in [web, ssh] {
+        for extra in [&[][..], &["--no-encryption"][..]] {
+            let mut cmd = cp_command(["--retries=0", "--connect-timeout=5"]);
+            cmd.args(extra).arg(&src).arg(format!("wanxfer://{addr}/f"));
+            let run = Run::from_cmd(cmd);
+            run.assert_code(5)
+                .assert_stderr_mentions("not a wanxfer server");
+            assert!(!run.stderr.contains("reserved"), "{run:#?}");
+        }
+    }
+}

@@ -318,9 +318,9 @@ fn a_file_the_server_cannot_create_fails_alone() {
     };
 
     let run = cp([src.as_os_str(), &server.url("")]);
-    // 8: the server failed on its side; "1 file(s) failed" names the first.
+    // 8: the server failed on its side; "1 file failed" names the first.
     run.assert_code(8)
-        .assert_stderr_mentions("1 file(s) failed")
+        .assert_stderr_mentions("1 file failed")
         .assert_stderr_mentions("locked/refused")
         .assert_stderr_mentions("Operation not permitted");
     for name in ["free/lands", "free/small"] {

@@ -340,7 +340,7 @@ fn a_fifo_swapped_in_on_the_pushing_side_fails_alone() {
     let run = finish_within(client, HANG);
     // The first failure in its own words ("open PATH: ..."), not rebuilt from them.
     run.assert_code(7)
-        .assert_stderr_mentions("1 file(s) failed; first: open ")
+        .assert_stderr_mentions("1 file failed; first: open ")
         .assert_stderr_mentions("z-small: not a regular file");
     let dest = site.root().join("dest");
     assert_eq!(
@@ -376,7 +376,7 @@ fn a_fifo_swapped_in_on_the_serving_side_fails_alone() {
     let run = finish_within(client, HANG);
     // Named as the client named it, relative to the served root, in the server's words.
     let first = format!(
-        "1 file(s) failed; first: {} reported: open tree/z-small: not a regular file",
+        "1 file failed; first: {} reported: open tree/z-small: not a regular file",
         site.server.addr
     );
     run.assert_code(8).assert_stderr_mentions(&first);

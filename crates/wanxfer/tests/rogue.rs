@@ -1079,8 +1079,7 @@ fn a_pulling_client_fails_only_the_files_whose_digest_is_wrong() {
         server.is_ok(),
         "the rogue server saw what it expected: {run:#?}"
     );
-    run.assert_code(6)
-        .assert_stderr_mentions("2 file(s) failed");
+    run.assert_code(6).assert_stderr_mentions("2 files failed");
     let json = run.json();
     assert_eq!(json["exit_code"], 6, "{json}");
     let error = json["error"].as_str().unwrap();

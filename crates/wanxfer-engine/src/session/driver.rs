@@ -36,7 +36,7 @@ use wanxfer_session::{
 use super::conn::ControlWriter;
 use super::Params;
 use crate::pool::{recv_or_cancel, Block, Cancel, Pool};
-use crate::progress::{CpuMeter, IoUse, Progress};
+use crate::progress::{CpuMeter, IoUse, PoolKind, Progress};
 use crate::sink::{self, Sink};
 use crate::source::{
     run_reader, FileJob, ReadJob, ReaderConfig, ReaderEvent, ReaderShared, Source, Walker,
@@ -529,6 +529,7 @@ impl Driver {
     fn send_loop(&mut self, source: &Source) -> Result<(), Error> {
         let p = self.setup.params.clone();
         let pool = Pool::new(p.send_buffers(), p.block_size as usize);
+        self.setup.progress.watch_pool(PoolKind::Blocks, &pool);
         let (jobs_tx, jobs_rx) = crossbeam_channel::bounded::<ReadJob>(p.readers * 2);
         let (blocks_tx, blocks_rx) = crossbeam_channel::bounded::<Block>(p.send_buffers());
         let shared = Arc::new(ReaderShared::default());
@@ -837,6 +838,9 @@ impl Driver {
             .setup
             .transport
             .receive_pool(p.receive_buffers(), p.block_size as usize);
+        if let Some(pool) = &pool {
+            self.setup.progress.watch_pool(PoolKind::Blocks, pool);
+        }
         let (blocks_tx, blocks_rx) = crossbeam_channel::bounded::<Block>(p.receive_buffers());
         for i in 0..p.writers {
             let (queue, sink, cancel) =

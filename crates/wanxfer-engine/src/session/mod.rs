@@ -14,6 +14,7 @@ pub mod client;
 pub(crate) mod conn;
 pub mod driver;
 pub mod grants;
+pub mod observe;
 pub mod server;
 pub mod state;
 mod tpc;

@@ -25,7 +25,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,7 @@ use wanxfer_session::negotiate::{self, Limits};
 use super::conn::{self, Deadline};
 use super::driver::{Driver, Event, Events, Outcome, Setup};
 use super::grants::{GrantTable, GRANT_REFUSED};
+use super::observe::{Observer, SessionEnd, SessionInfo, SessionKind};
 use super::state::StateDir;
 use super::{random, Params, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
 use crate::auth::{
@@ -46,6 +47,7 @@ use crate::auth::{
     Issuers,
 };
 use crate::digest::BlockKey;
+use crate::error::count_of;
 use crate::fs::Root;
 use crate::pool::Cancel;
 use crate::progress::{CpuMeter, Progress};
@@ -300,6 +302,10 @@ struct Shared {
     sessions: AtomicUsize,
     /// Every session's cancel token, to stop them all.
     stopping: Cancel,
+    /// Metrics, a transfer log: told of every session.
+    observer: Option<Arc<dyn Observer>>,
+    /// The last session's number.
+    numbered: AtomicU64,
     /// Grants this server made for third-party copies into it.
     grants: GrantTable,
 }
@@ -414,8 +420,21 @@ impl Server {
                 sessions: AtomicUsize::new(0),
                 stopping: Cancel::default(),
                 grants: GrantTable::default(),
+                observer: None,
+                numbered: AtomicU64::new(0),
             }),
         })
+    }
+
+    /// Tells `observer` of every session from now on; call before [`Server::serve`].
+    pub fn observe(mut self, observer: Arc<dyn Observer>) -> Server {
+        match Arc::get_mut(&mut self.shared) {
+            Some(shared) => shared.observer = Some(observer),
+            // Shared only once `serve` hands it to threads, which it has not yet: a
+            // `Server` is consumed here and `serve` borrows it.
+            None => unreachable!("the server's state is shared only while it serves"),
+        }
+        self
     }
 
     /// The certificate clients see, for the operator to print and compare.
@@ -433,8 +452,12 @@ impl Server {
     /// back space reserved beyond what interrupted ones verified; logs what it did.
     fn collect_garbage(shared: &Shared) {
         if let Some(state) = &shared.state {
-            for line in state.collect_garbage(shared.limits.keep_partial) {
+            let sweep = state.collect_garbage(shared.limits.keep_partial);
+            for line in sweep.lines {
                 tracing::info!("{line}");
+            }
+            if let Some(observer) = &shared.observer {
+                observer.partial_files_kept(sweep.partial_files_kept);
             }
         }
     }
@@ -496,7 +519,10 @@ impl Server {
 
     fn drain(&self) {
         let running = self.shared.sessions.load(Ordering::SeqCst);
-        tracing::info!("stopping: no new connections; ending {running} session(s)");
+        tracing::info!(
+            "stopping: no new connections; ending {}",
+            count_of(running as u64, "session")
+        );
         self.shared.stopping.cancel();
         let deadline = Instant::now() + self.shared.limits.drain_timeout;
         while self.shared.sessions.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
@@ -509,7 +535,8 @@ impl Server {
             );
         } else {
             tracing::warn!(
-                "stopped with {left} session(s) still ending after {:?}",
+                "stopped with {} still ending after {:?}",
+                count_of(left as u64, "session"),
                 self.shared.limits.drain_timeout
             );
         }
@@ -568,6 +595,9 @@ impl Connection {
             }
         });
         if let Err(e) = result {
+            if let Some(observer) = &self.shared.observer {
+                observer.connection_failed(e.class());
+            }
             match e {
                 Error::Network { .. } => tracing::debug!("connection from {}: {e}", self.peer),
                 _ => tracing::warn!("session with {}: {e}", self.peer),
@@ -809,7 +839,9 @@ impl Connection {
             // Remote operations instead of a session: this connection carries only them.
             (Message::OpRequest(first), None) => {
                 let _ = stream.set_write_timeout(None);
-                conn::Control::new(&stream, self.peer.clone()).and_then(|control| {
+                let info = self.info(SessionKind::Op, Vec::new(), &stream, &identity);
+                self.observe_start(&info);
+                let result = conn::Control::new(&stream, self.peer.clone()).and_then(|control| {
                     let idle = self.shared.limits.stall_timeout;
                     let served = crate::ops::server::Served {
                         exports: &self.shared.exports,
@@ -818,7 +850,9 @@ impl Connection {
                         features: auth.negotiated(),
                     };
                     crate::ops::server::serve(&served, stream, control, first, idle)
-                })
+                });
+                self.observe_end(&info, &result);
+                result
             }
             _ => Err(Error::protocol(&self.peer, "expected a request")),
         };
@@ -955,13 +989,67 @@ impl Connection {
     ) -> Result<(), Error> {
         let cancel = Cancel::default();
         let done = self.claim_transfer(request.transfer_id, &cancel);
+        let kind = match request.direction {
+            Direction::Push => SessionKind::Push,
+            _ => SessionKind::Pull,
+        };
+        let paths = request.paths.iter().map(|p| p.to_string()).collect();
+        let mut info = self.info(kind, paths, &stream, &identity);
         // A bug in one session must not leak its place or its transfer.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.run_session(stream, auth, &identity, &request, cancel)
+            self.run_session(stream, auth, &identity, &request, cancel, &mut info)
         }))
         .unwrap_or_else(|_| Err(Error::Internal("a session thread panicked".into())));
         self.release_transfer(request.transfer_id, &done);
+        self.observe_end(&info, &result);
         result
+    }
+
+    /// A session as its observer first sees it; `run_session` fills in what it agrees.
+    fn info(
+        &self,
+        kind: SessionKind,
+        paths: Vec<String>,
+        stream: &Stream,
+        identity: &Identity,
+    ) -> SessionInfo {
+        SessionInfo {
+            number: self.shared.numbered.fetch_add(1, Ordering::Relaxed) + 1,
+            peer: self.peer.clone(),
+            identity: identity.to_string(),
+            kind,
+            paths,
+            streams: 0,
+            transport: "tcp",
+            encryption: if stream.is_encrypted() { "tls" } else { "none" },
+            started: std::time::SystemTime::now(),
+            progress: None,
+        }
+    }
+
+    fn observe_start(&self, info: &SessionInfo) {
+        if let Some(observer) = &self.shared.observer {
+            observer.session_started(info);
+        }
+    }
+
+    fn observe_end(&self, info: &SessionInfo, result: &Result<(), Error>) {
+        let Some(observer) = &self.shared.observer else {
+            return;
+        };
+        let load = |f: fn(&Progress) -> &AtomicU64| {
+            info.progress
+                .as_deref()
+                .map_or(0, |p| f(p).load(Ordering::Relaxed))
+        };
+        let end = SessionEnd {
+            ended: std::time::SystemTime::now(),
+            files: load(|p| &p.files),
+            failed_files: load(|p| &p.failed_files),
+            bytes: load(|p| &p.bytes),
+            error: result.as_ref().err().map(|e| (e.class(), self.relative(e))),
+        };
+        observer.session_ended(info, &end);
     }
 
     fn run_session(
@@ -971,6 +1059,7 @@ impl Connection {
         identity: &Identity,
         request: &OpenSession,
         cancel: Cancel,
+        info: &mut SessionInfo,
     ) -> Result<(), Error> {
         let shared = &self.shared;
         let l = &shared.limits;
@@ -1084,6 +1173,16 @@ impl Connection {
         if let Some(note) = io_note {
             let _ = progress.io_fallback.set(note);
         }
+        info.streams = accepted.streams;
+        info.transport = match request.transport {
+            TransportKind::Fabric => "fabric",
+            _ => "tcp",
+        };
+        if kernel_tls {
+            info.encryption = "ktls";
+        }
+        info.progress = Some(progress.clone());
+        self.observe_start(info);
         let started = Instant::now();
         let meter = Arc::new(CpuMeter::default());
         let (role, sink) = match role {
@@ -1142,7 +1241,7 @@ impl Connection {
                 let bytes = progress.bytes.load(Ordering::Relaxed);
                 tracing::info!(
                     "session with {who}: {direction} {bytes} bytes in {} ({} up to date, {} failed) in {secs:.2} s, {:.2} Gbit/s, CPU {:.2} s",
-                    files(outcome.files_ok),
+                    count_of(outcome.files_ok, "file"),
                     outcome.up_to_date,
                     outcome.failures.len(),
                     bytes as f64 * 8.0 / secs / 1e9,
@@ -1378,15 +1477,6 @@ fn close_after_refusal(stream: &mut Stream) {
             Ok(0) | Err(_) => break,
             Ok(n) => budget = budget.saturating_sub(n),
         }
-    }
-}
-
-/// "1 file", "2 files".
-fn files(n: u64) -> String {
-    if n == 1 {
-        "1 file".into()
-    } else {
-        format!("{n} files")
     }
 }
 

@@ -106,9 +106,9 @@ impl StateDir {
 
     /// Removes the temporaries and journals of transfers untouched for longer than
     /// `keep`; gives back the space reserved beyond what the others verified. Journals in
-    /// use by a session are left alone. Returns what it did, for the log.
-    pub fn collect_garbage(&self, keep: Duration) -> Vec<String> {
-        let mut done = Vec::new();
+    /// use by a session are left alone. Returns what it did, for the log, and what it kept.
+    pub fn collect_garbage(&self, keep: Duration) -> Sweep {
+        let mut done = Sweep::default();
         let Ok(entries) = std::fs::read_dir(self.path.join("journals")) else {
             return done;
         };
@@ -177,16 +177,28 @@ impl StateDir {
             }
             if expired {
                 let _ = std::fs::remove_file(&path);
-                done.push(format!(
-                    "removed an abandoned transfer ({} partial file(s), {} temporaries deleted, idle {} h)",
-                    journal.files.len(),
-                    removed,
+                done.lines.push(format!(
+                    "removed an abandoned transfer ({}, {} deleted, idle {} h)",
+                    crate::error::count_of(journal.files.len() as u64, "partial file"),
+                    crate::error::count_of(removed, "temporary file"),
                     age.as_secs() / 3600
                 ));
+            } else {
+                done.partial_files_kept += journal.files.len() as u64;
             }
         }
         done
     }
+}
+
+/// What one sweep of the state directory did.
+#[derive(Debug, Default)]
+pub struct Sweep {
+    /// What was removed, a line for the log each.
+    pub lines: Vec<String>,
+    /// Partial files of interrupted transfers kept for them to resume (not counting
+    /// those of transfers running now).
+    pub partial_files_kept: u64,
 }
 
 /// A journal a session appends to; locked for the session's life.

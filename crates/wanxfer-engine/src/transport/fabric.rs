@@ -26,6 +26,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,7 @@ use super::{check_header, seg_refs, Closer, Joined, Link, LinkEvent, PumpCtx, Tr
 use crate::digest::{BlockKey, PayloadVerifier};
 use crate::fs::DIRECT_ALIGN;
 use crate::pool::{Block, Cancel, Pool, SlotArena, CANCEL_POLL};
+use crate::progress::{PoolKind, Progress};
 use crate::Error;
 
 /// The control message that ends a channel's blocks (after the last write completed).
@@ -580,9 +582,7 @@ impl<'p> FabricSender<'p> {
                     Error::protocol(self.peer, format!("completion for idle slot {slot}"))
                 })?;
                 self.free_headers.push(done.header_slot);
-                ctx.progress
-                    .bytes
-                    .fetch_add(done.len, std::sync::atomic::Ordering::Relaxed);
+                ctx.progress.moved(ctx.index, done.len);
             }
             other => {
                 return Err(Error::protocol(
@@ -693,7 +693,11 @@ fn recv_blocks(
     channel
         .set_slot_pool(region, plan.slot_len)
         .map_err(err("setting up receive slots for"))?;
-    let mut granted: HashMap<u32, Block> = HashMap::new();
+    ctx.progress.watch_pool(PoolKind::FabricSlots, &slots);
+    let mut granted = Granted {
+        slots: HashMap::new(),
+        progress: &ctx.progress,
+    };
     loop {
         while let Some(block) = slots.try_take() {
             let slot = block.slot().expect("slot pools hold slots");
@@ -723,9 +727,7 @@ fn recv_blocks(
                     )
                 })?;
                 take_block_in_place(&mut block, len, limits, peer)?;
-                ctx.progress
-                    .bytes
-                    .fetch_add(block.len as u64, std::sync::atomic::Ordering::Relaxed);
+                ctx.progress.moved(ctx.index, block.len as u64);
                 out.send(block).map_err(|_| Error::Cancelled)?;
                 (ctx.report)(LinkEvent::Received { index: ctx.index });
             }
@@ -743,6 +745,39 @@ fn recv_blocks(
         .close(Some(CLOSE_TIMEOUT))
         .map_err(err("closing the fabric channel from"))?;
     Ok(())
+}
+
+/// The slots granted to the sender and not yet written: its credits, also counted in the
+/// session's progress so that a watcher sees how many the sender holds.
+struct Granted<'a> {
+    slots: HashMap<u32, Block>,
+    progress: &'a Progress,
+}
+
+impl Granted<'_> {
+    fn insert(&mut self, slot: u32, block: Block) {
+        if self.slots.insert(slot, block).is_none() {
+            self.progress.fabric_credits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn remove(&mut self, slot: &u32) -> Option<Block> {
+        let block = self.slots.remove(slot)?;
+        self.progress.fabric_credits.fetch_sub(1, Ordering::Relaxed);
+        Some(block)
+    }
+
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+impl Drop for Granted<'_> {
+    fn drop(&mut self) {
+        self.progress
+            .fabric_credits
+            .fetch_sub(self.slots.len() as u64, Ordering::Relaxed);
+    }
 }
 
 /// Decodes and checks the `len` bytes that landed in `block`'s slot; the payload stays

@@ -207,7 +207,7 @@ pub fn pump_out(tx: &mut dyn BlockTx, queue: &Receiver<Block>, ctx: &PumpCtx) ->
                     (ctx.report)(LinkEvent::Unsent { segments });
                     return Err(e);
                 }
-                ctx.progress.bytes.fetch_add(len, Ordering::Relaxed);
+                ctx.progress.moved(ctx.index, len);
                 (ctx.report)(LinkEvent::Sent {
                     index: ctx.index,
                     segments,
@@ -243,9 +243,7 @@ pub fn pump_in(
     ctx: &PumpCtx,
 ) -> Result<(), Error> {
     while let Some(block) = rx.recv(pool, &ctx.cancel)? {
-        ctx.progress
-            .bytes
-            .fetch_add(block.len as u64, Ordering::Relaxed);
+        ctx.progress.moved(ctx.index, block.len as u64);
         out.send(block).map_err(|_| Error::Cancelled)?;
         (ctx.report)(LinkEvent::Received { index: ctx.index });
     }
