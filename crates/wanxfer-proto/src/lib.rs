@@ -70,9 +70,12 @@ pub mod features {
     pub const RESUME: u64 = 1 << 4;
     /// The receiver skips files it already has ([`crate::Message::UpToDate`]).
     pub const COMPARE: u64 = 1 << 5;
+    /// A pulling client's request may carry a [`crate::Selection`] (include/exclude
+    /// rules, a list of paths) that the server applies as it lists its tree.
+    pub const SELECT: u64 = 1 << 6;
 
     /// What this build implements.
-    pub const SUPPORTED: u64 = BLOCK_CRC32C | FILE_XXH3_128 | FABRIC | RESUME | COMPARE;
+    pub const SUPPORTED: u64 = BLOCK_CRC32C | FILE_XXH3_128 | FABRIC | RESUME | COMPARE | SELECT;
 
     /// The features a session between these two sides uses.
     pub const fn negotiate(ours: u64, theirs: u64) -> u64 {

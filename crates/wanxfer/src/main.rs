@@ -206,6 +206,9 @@ fn with_json_error(json: bool, result: Result<(), Error>) -> Result<(), Error> {
 fn cp(args: CpArgs) -> Result<(), Error> {
     let secret = secret::for_client(args.secret_file.as_deref())?;
     let mut request = args.request(secret)?;
+    if args.dry_run {
+        return output::print_dry_run(&request.config, &request.job, args.json);
+    }
     request.config.cancel = on_signal();
     let progress = Arc::new(Progress::default());
     let bar = output::ProgressView::start(progress.clone(), args.show_progress());

@@ -218,6 +218,7 @@ fn push_request(dest: &str) -> OpenSession {
         transfer_id: fresh_transfer_id(),
         placement: Placement::Resolve,
         compare: Compare::Always,
+        selection: Default::default(),
     }
 }
 
