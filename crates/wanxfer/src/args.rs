@@ -586,6 +586,10 @@ pub struct CpArgs {
     /// listing; files the destination already has are listed too.
     #[arg(long, short = 'n')]
     pub dry_run: bool,
+    /// Create the destination's missing parent directories (as mkdir -p; a remote one
+    /// on the server, beneath its root).
+    #[arg(long)]
+    pub parents: bool,
     /// --include and --exclude in the order given on the command line (filled in after
     /// parsing, from the positions clap records).
     #[arg(skip)]
@@ -762,6 +766,7 @@ impl CpArgs {
         }
         config.security = self.security.security(self.quiet);
         config.selection = self.selection()?;
+        config.make_parents = self.parents;
         Ok(Request { config, job })
     }
 

@@ -372,3 +372,48 @@ fn selections_a_request_cannot_carry_are_refused_before_connecting() {
     .assert_stderr_mentions("pattern \"a[\"");
     assert!(!site.path("too-many").exists());
 }
+
+#[test]
+fn parents_creates_the_missing_directories_above_the_destination() {
+    let site = site_with_tree();
+    let src = site.path("src/data");
+    // Without --parents a missing parent is the user's to fix.
+    let run = cp([src.clone().into(), site.server.url("new/deep/copy")]);
+    assert_ne!(run.code, 0, "{run:#?}");
+    assert!(!site.root().join("new").exists());
+
+    cp([
+        OsString::from("--parents"),
+        src.clone().into(),
+        site.server.url("new/deep/copy"),
+    ])
+    .assert_ok();
+    assert_same_tree(&src, &site.root().join("new/deep/copy"), false);
+    // Again, into a trailing-slash directory whose parents now exist: no error.
+    cp([
+        OsString::from("--parents"),
+        src.join("a.txt").into(),
+        site.server.url("new/deep/more/"),
+    ])
+    .assert_ok();
+    assert!(site.root().join("new/deep/more/a.txt").is_file());
+
+    let local = site.path("local/a/b/copy");
+    cp([
+        OsString::from("--parents"),
+        site.server.url("data"),
+        local.clone().into(),
+    ])
+    .assert_ok();
+    assert_same_tree(&site.root().join("data"), &local, false);
+
+    // A file where a parent should be is an error, not a replacement.
+    fs::write(site.root().join("blocker"), b"x").unwrap();
+    let run = cp([
+        OsString::from("--parents"),
+        src.into(),
+        site.server.url("blocker/copy"),
+    ]);
+    assert_ne!(run.code, 0, "{run:#?}");
+    assert_eq!(fs::read(site.root().join("blocker")).unwrap(), b"x");
+}

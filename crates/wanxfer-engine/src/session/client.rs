@@ -72,6 +72,9 @@ pub struct ClientConfig {
     /// Which entries beneath the sources move (`--exclude`, `--include`,
     /// `--files-from`): applied here for a push, sent to the server for a pull.
     pub selection: Selection,
+    /// Create the destination's missing parent directories first (`cp --parents`): a
+    /// remote one through the server's `mkdir -p`, confined to its root.
+    pub make_parents: bool,
 }
 
 impl ClientConfig {
@@ -88,6 +91,7 @@ impl ClientConfig {
             cancel: Cancel::default(),
             security: ClientSecurity::default(),
             selection: Selection::default(),
+            make_parents: false,
         }
     }
 
@@ -282,6 +286,12 @@ pub fn run_client(
         error,
         report: Box::default(),
     })?;
+    if cfg.make_parents {
+        make_parents(cfg, &job).map_err(|error| Failed {
+            error,
+            report: Box::default(),
+        })?;
+    }
     let started = Instant::now();
     let cpu_before = process_cpu();
     let id = transfer_id(&cfg.server, &job);
@@ -728,6 +738,30 @@ fn handshake(cfg: &ClientConfig, request: OpenSession) -> Result<Agreed, Error> 
         // connect, greeting or TLS, proof and request.
         round_trips: 3,
     })
+}
+
+/// Creates the missing directories above the job's destination, as `mkdir -p` would:
+/// on the server for a push (through a remote-operations connection, so the server's
+/// confinement applies), here for a pull. An existing directory is no error; a file in
+/// the way is.
+pub fn make_parents(cfg: &ClientConfig, job: &ClientJob) -> Result<(), Error> {
+    match job {
+        ClientJob::Push { dest, .. } => match dest.split_last() {
+            Some((parent, _)) if !parent.is_root() && dest.as_bytes() != DISCARD_PATH => {
+                crate::ops::Client::connect(cfg)?.mkdir(&parent, true, 0o777)
+            }
+            _ => Ok(()),
+        },
+        ClientJob::Pull {
+            dest: PullDest::Local { path, .. },
+            ..
+        } => match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => std::fs::create_dir_all(parent)
+                .map_err(|e| Error::local("create directory", parent.display(), e)),
+            _ => Ok(()),
+        },
+        ClientJob::Pull { .. } => Ok(()),
+    }
 }
 
 /// The selection compiled for this side's walker, once its patterns (and, for a pull,
