@@ -24,6 +24,7 @@ pub mod ops;
 pub mod pool;
 pub mod progress;
 pub mod secret;
+pub mod select;
 pub mod session;
 pub mod sink;
 pub mod source;

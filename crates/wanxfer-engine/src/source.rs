@@ -30,6 +30,7 @@ use wanxfer_proto::{BlockHeader, Entry, EntryKind, HeldRange, RelPath, Segment};
 use crate::digest::{check_flags, digest_of, FileHasher, IN_CACHE_PIECE_BYTES};
 use crate::fs::{self, Kind, Meta, Root};
 use crate::pool::{recv_or_cancel, Block, Cancel, FileRange, Pool};
+use crate::select::Matcher;
 use crate::Error;
 
 /// One top-level item to send: `name` inside the directory `base`.
@@ -221,6 +222,8 @@ pub struct Walker {
     synthetic: Option<u64>,
     /// Entries skipped because they are neither file, directory nor symlink.
     pub skipped: Vec<String>,
+    /// Which entries beneath the sources are listed at all.
+    selection: Arc<Matcher>,
 }
 
 impl Walker {
@@ -236,7 +239,15 @@ impl Walker {
             next_id: 0,
             synthetic,
             skipped: Vec::new(),
+            selection: Arc::default(),
         }
+    }
+
+    /// Lists only what `selection` takes beneath each source (an excluded directory is
+    /// not descended into); the sources themselves are always listed.
+    pub fn selecting(mut self, selection: Arc<Matcher>) -> Walker {
+        self.selection = selection;
+        self
     }
 
     /// The next entry, or `None` when every source has been listed.
@@ -331,6 +342,13 @@ impl Walker {
             Ok(None) => return None,
             Err(e) => return Some(Err(Error::local("stat", self.show(item, &rel), e))),
         };
+        if !self.selection.is_empty() {
+            if let Some((_, beneath)) = rel.split_first().filter(|(_, b)| !b.is_root()) {
+                if !self.selection.selects(&beneath, meta.kind == Kind::Dir) {
+                    return None;
+                }
+            }
+        }
         let id = self.next_id;
         let mut entry = Entry {
             kind: EntryKind::File,

@@ -85,9 +85,13 @@ pub mod features {
     /// [`crate::Message::Credential`].
     pub const CREDENTIAL: u64 = 1 << 7;
 
+    /// A pulling client's request may carry a [`crate::Selection`] (include/exclude
+    /// rules, a list of paths) that the server applies as it lists its tree.
+    pub const SELECT: u64 = 1 << 8;
+
     /// What this build implements.
     pub const SUPPORTED: u64 =
-        BLOCK_CRC32C | FILE_XXH3_128 | FABRIC | RESUME | COMPARE | THIRD_PARTY;
+        BLOCK_CRC32C | FILE_XXH3_128 | FABRIC | RESUME | COMPARE | THIRD_PARTY | SELECT;
 
     /// The features a session between these two sides uses.
     pub const fn negotiate(ours: u64, theirs: u64) -> u64 {

@@ -33,6 +33,13 @@ pub const MAX_SOFTWARE_BYTES: usize = 64;
 /// Largest bearer token a client may present. WLCG tokens are a few kilobytes (the
 /// profile asks issuers to stay well under 8 KiB so that tokens fit in HTTP headers).
 pub const MAX_TOKEN_BYTES: usize = 16 << 10;
+/// Most include/exclude rules a pull's [`Selection`] carries.
+pub const MAX_SELECT_RULES: usize = 1024;
+/// Longest include/exclude pattern.
+pub const MAX_PATTERN_BYTES: usize = 1024;
+/// Most paths a pull's `--files-from` list may name (the request's frame, at most
+/// [`MAX_FRAME_BODY`], bounds them too).
+pub const MAX_SELECTED_PATHS: usize = 16_384;
 
 /// What frames start with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,6 +237,35 @@ pub struct OpenSession {
     pub placement: Placement,
     /// Which files the receiver may skip.
     pub compare: Compare,
+    /// Pull: which entries beneath the sources the server lists (only with
+    /// [`crate::features::SELECT`]; empty selects everything). A push's selection never
+    /// travels: the client lists its own tree.
+    pub selection: Selection,
+}
+
+/// One `--include` or `--exclude` rule: a glob, matched as rsync matches its filter
+/// rules (see the engine's `select` module for the semantics).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelectRule {
+    pub include: bool,
+    /// Not empty, no NUL, at most [`MAX_PATTERN_BYTES`].
+    pub pattern: Vec<u8>,
+}
+
+/// Which entries beneath the sources a transfer takes: the rules in order (the first
+/// that matches decides; none matching includes), and, with `--files-from`, only the
+/// listed paths, their parents and what lies beneath them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Selection {
+    pub rules: Vec<SelectRule>,
+    pub files: Option<Vec<RelPath>>,
+}
+
+impl Selection {
+    /// Selects everything: nothing to send, or to check.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty() && self.files.is_none()
+    }
 }
 
 /// The server's answer: the parameters both sides now use, each no larger than what the
@@ -839,6 +875,61 @@ fn encode_open(o: &OpenSession, e: &mut Encoder) {
         Compare::QuickCheck => 1,
         Compare::Checksum => 2,
     });
+    // Only a selection that selects something less than everything is written, so
+    // that every request has one encoding and a request without one is what it was
+    // before selections existed.
+    if !o.selection.is_empty() {
+        encode_selection(&o.selection, e);
+    }
+}
+
+fn encode_selection(s: &Selection, e: &mut Encoder) {
+    e.u32(s.rules.len() as u32);
+    for rule in &s.rules {
+        e.u8(u8::from(rule.include));
+        e.bytes(&rule.pattern);
+    }
+    match &s.files {
+        None => e.u8(0),
+        Some(files) => {
+            e.u8(1);
+            e.u32(files.len() as u32);
+            files.iter().for_each(|p| e.bytes(p.as_bytes()));
+        }
+    }
+}
+
+fn decode_selection(d: &mut Decoder) -> Result<Selection, DecodeError> {
+    let n = d.count("selection rules", MAX_SELECT_RULES, 5)?;
+    let mut rules = Vec::with_capacity(n);
+    for _ in 0..n {
+        let include = decode_bool(d.u8()?)?;
+        let pattern = d.bytes("pattern", MAX_PATTERN_BYTES)?.to_vec();
+        if pattern.is_empty() || pattern.contains(&0) {
+            return Err(DecodeError::Invalid("a pattern is empty or contains NUL"));
+        }
+        rules.push(SelectRule { include, pattern });
+    }
+    let files = match decode_bool(d.u8()?)? {
+        false => None,
+        true => {
+            let n = d.count("selected paths", MAX_SELECTED_PATHS, 4)?;
+            let files = (0..n)
+                .map(|_| decode_path(d))
+                .collect::<Result<Vec<_>, DecodeError>>()?;
+            if files.iter().any(RelPath::is_root) {
+                return Err(DecodeError::Invalid("a selected path is empty"));
+            }
+            Some(files)
+        }
+    };
+    let selection = Selection { rules, files };
+    if selection.is_empty() {
+        return Err(DecodeError::Invalid(
+            "an empty selection is written as none",
+        ));
+    }
+    Ok(selection)
 }
 
 fn encode_placement(p: Placement) -> u8 {
@@ -896,7 +987,7 @@ fn decode_open(d: &mut Decoder) -> Result<OpenSession, DecodeError> {
     let paths = (0..n)
         .map(|_| decode_path(d))
         .collect::<Result<_, DecodeError>>()?;
-    let open = OpenSession {
+    let mut open = OpenSession {
         direction,
         transport,
         paths,
@@ -920,7 +1011,11 @@ fn decode_open(d: &mut Decoder) -> Result<OpenSession, DecodeError> {
                 })
             }
         },
+        selection: Selection::default(),
     };
+    if d.remaining() > 0 {
+        open.selection = decode_selection(d)?;
+    }
     if open.flags & !session_flags::ALL != 0 {
         return Err(DecodeError::Unknown {
             what: "session flags",

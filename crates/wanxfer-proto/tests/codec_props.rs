@@ -176,6 +176,26 @@ fn op_reply() -> impl Strategy<Value = OpReply> {
     ]
 }
 
+fn selection() -> impl Strategy<Value = Selection> {
+    (
+        prop::collection::vec((any::<bool>(), "[a-z*?/\\[\\]]{1,12}"), 0..4),
+        prop::option::of(prop::collection::vec(
+            rel_path().prop_filter("not the root", |p| !p.is_root()),
+            0..4,
+        )),
+    )
+        .prop_map(|(rules, files)| Selection {
+            rules: rules
+                .into_iter()
+                .map(|(include, pattern)| SelectRule {
+                    include,
+                    pattern: pattern.into_bytes(),
+                })
+                .collect(),
+            files,
+        })
+}
+
 fn message() -> impl Strategy<Value = Message> {
     prop_oneof![
         op_request().prop_map(Message::OpRequest),
@@ -209,7 +229,7 @@ fn message() -> impl Strategy<Value = Message> {
             any::<u32>(),
             0u32..16,
             any::<u64>(),
-            (any::<[u8; 16]>(), 0u8..3, 0u8..3),
+            (any::<[u8; 16]>(), 0u8..3, 0u8..3, selection()),
         )
             .prop_map(
                 |(
@@ -222,7 +242,7 @@ fn message() -> impl Strategy<Value = Message> {
                     window,
                     flags,
                     synthetic_bytes,
-                    (transfer_id, placement, compare),
+                    (transfer_id, placement, compare, selection),
                 )| {
                     Message::OpenSession(OpenSession {
                         direction: if push {
@@ -243,6 +263,7 @@ fn message() -> impl Strategy<Value = Message> {
                         placement: PLACEMENTS[placement as usize],
                         compare: [Compare::Always, Compare::QuickCheck, Compare::Checksum]
                             [compare as usize],
+                        selection,
                     })
                 }
             ),
@@ -514,6 +535,99 @@ fn tokens_are_bounded_and_never_empty() {
         Message::decode(25, &[3]),
         Err(DecodeError::Unknown {
             what: "credential kind",
+            ..
+        })
+    ));
+}
+
+/// A pull whose selection is `selection`, framed.
+fn pull_with(selection: Selection) -> Vec<u8> {
+    let msg = Message::OpenSession(OpenSession {
+        direction: Direction::Pull,
+        transport: TransportKind::Tcp,
+        paths: vec![RelPath::new(b"data").unwrap()],
+        source_count: 1,
+        streams: 1,
+        block_size: 1 << 20,
+        depth: 1,
+        window: 16,
+        flags: 0,
+        synthetic_bytes: 0,
+        transfer_id: [0; 16],
+        placement: Placement::Resolve,
+        compare: Compare::QuickCheck,
+        selection,
+    });
+    let mut out = Vec::new();
+    encode_frame(&msg, &mut out);
+    out
+}
+
+fn rule(pattern: &[u8]) -> SelectRule {
+    SelectRule {
+        include: false,
+        pattern: pattern.to_vec(),
+    }
+}
+
+#[test]
+fn a_selection_past_its_limits_is_refused() {
+    let many = Selection {
+        rules: vec![rule(b"*.tmp"); MAX_SELECT_RULES + 1],
+        files: None,
+    };
+    assert!(matches!(
+        decode_frame(&pull_with(many)),
+        Err(DecodeError::TooLong {
+            what: "selection rules",
+            ..
+        })
+    ));
+    let long = Selection {
+        rules: vec![rule(&vec![b'a'; MAX_PATTERN_BYTES + 1])],
+        files: None,
+    };
+    assert!(matches!(
+        decode_frame(&pull_with(long)),
+        Err(DecodeError::TooLong {
+            what: "pattern",
+            ..
+        })
+    ));
+    for bad in [&b""[..], b"a\0b"] {
+        let bad = Selection {
+            rules: vec![rule(bad)],
+            files: None,
+        };
+        assert!(matches!(
+            decode_frame(&pull_with(bad)),
+            Err(DecodeError::Invalid(_))
+        ));
+    }
+    let ok = Selection {
+        rules: vec![rule(b"*.tmp"); MAX_SELECT_RULES],
+        files: Some(vec![RelPath::new(b"a/b").unwrap()]),
+    };
+    let Ok(Message::OpenSession(open)) = decode_frame(&pull_with(ok.clone())) else {
+        panic!("a selection within the limits decodes");
+    };
+    assert_eq!(open.selection, ok);
+}
+
+#[test]
+fn a_selection_with_too_many_paths_is_refused() {
+    // Each path is one byte, so the count, not the frame, is what is over.
+    let names: Vec<RelPath> = (0..=MAX_SELECTED_PATHS)
+        .map(|i| RelPath::new(format!("{}", i % 10).as_bytes()).unwrap())
+        .collect();
+    let sel = Selection {
+        rules: Vec::new(),
+        files: Some(names),
+    };
+    assert!(matches!(
+        decode_frame(&pull_with(sel)),
+        Err(DecodeError::TooLong {
+            what: "selected paths",
             ..
         })
     ));

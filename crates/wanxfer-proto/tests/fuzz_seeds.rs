@@ -37,6 +37,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                 transfer_id: [4; 16],
                 placement: Placement::Resolve,
                 compare: Compare::QuickCheck,
+                selection: Default::default(),
             }),
         ),
         (

@@ -228,6 +228,7 @@ mod tests {
             transfer_id: [0; 16],
             placement: Placement::Resolve,
             compare: Compare::QuickCheck,
+            selection: Default::default(),
         }
     }
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use wanxfer_engine::fs::WriteMode;
 use wanxfer_engine::ops::{server_address, RemoteUrl};
+use wanxfer_engine::select::parse_file_list;
 use wanxfer_engine::session::{
     ClientConfig, ClientJob, PullDest, RetryPolicy, ServerLimits, Transport, Tuning,
     DEFAULT_IDLE_TIMEOUT,
@@ -20,7 +21,7 @@ use wanxfer_engine::session::{
 use wanxfer_engine::source::{IoMode, Source};
 use wanxfer_engine::Error;
 use wanxfer_proto::ops::ChecksumAlgorithm;
-use wanxfer_proto::{Compare, RelPath};
+use wanxfer_proto::{Compare, RelPath, SelectRule, Selection};
 
 pub use wanxfer_proto::DEFAULT_PORT;
 /// Seconds a client waits for a connection (`cp`, `bench`).
@@ -635,10 +636,62 @@ pub struct CpArgs {
     /// $XDG_STATE_HOME/wanxfer or ~/.local/state/wanxfer).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
+    /// Leave out what matches PATTERN beneath the sources (repeatable). --include and
+    /// --exclude are tried in the order given and the first that matches decides, as
+    /// rsync does; a trailing / matches only directories, a leading / anchors at the
+    /// source's top, ** crosses directories. Excluded files are neither sent nor touched
+    /// on the destination.
+    #[arg(long, value_name = "PATTERN")]
+    pub exclude: Vec<String>,
+    /// Take what matches PATTERN even if a later --exclude matches it (repeatable).
+    #[arg(long, value_name = "PATTERN")]
+    pub include: Vec<String>,
+    /// Take only the paths listed in FILE (one per line, relative to each source; - reads
+    /// standard input), the directories above them and everything beneath them.
+    #[arg(long, value_name = "FILE")]
+    pub files_from: Option<PathBuf>,
+    /// The --files-from list is separated by NUL bytes (find -print0), not lines.
+    #[arg(long, requires = "files_from")]
+    pub from0: bool,
+    /// List what would be sent (with --json, as a list) and move nothing: nothing is
+    /// written on either side, and no journal is kept. A pull asks the server for a
+    /// listing; files the destination already has are listed too.
+    #[arg(long, short = 'n')]
+    pub dry_run: bool,
+    /// Create the destination's missing parent directories (as mkdir -p; a remote one
+    /// on the server, beneath its root).
+    #[arg(long)]
+    pub parents: bool,
+    /// --include and --exclude in the order given on the command line (filled in after
+    /// parsing, from the positions clap records).
+    #[arg(skip)]
+    pub rules: Vec<SelectRule>,
     #[command(flatten)]
     pub security: SecurityArgs,
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+/// The --include and --exclude rules of `cp` in command-line order: clap keeps each
+/// flag's values apart, but their order across the two flags is what decides.
+pub fn ordered_rules(cp: &clap::ArgMatches) -> Vec<SelectRule> {
+    let mut rules: Vec<(usize, SelectRule)> = Vec::new();
+    for (id, include) in [("include", true), ("exclude", false)] {
+        let (Some(indices), Some(values)) = (cp.indices_of(id), cp.get_many::<String>(id)) else {
+            continue;
+        };
+        rules.extend(indices.zip(values).map(|(i, v)| {
+            (
+                i,
+                SelectRule {
+                    include,
+                    pattern: v.clone().into_bytes(),
+                },
+            )
+        }));
+    }
+    rules.sort_by_key(|(i, _)| *i);
+    rules.into_iter().map(|(_, r)| r).collect()
 }
 
 /// How file bytes are sent.
@@ -797,6 +850,8 @@ impl CpArgs {
         }
         config.security = self.security.security(self.quiet);
         config.client_cert = self.security.identity.pair()?;
+        config.selection = self.selection()?;
+        config.make_parents = self.parents;
         Ok(Request { config, job })
     }
 
@@ -838,6 +893,13 @@ impl CpArgs {
         if self.bytes.is_some() {
             return Err(Error::Usage(
                 "--bytes measures a path with synthetic data: not between two servers".into(),
+            ));
+        }
+        if !self.rules.is_empty() || self.files_from.is_some() || self.dry_run || self.parents {
+            return Err(Error::Usage(
+                "--exclude, --include, --files-from, --dry-run and --parents are not (yet) \
+                 supported between two servers: copy the selection in its own commands"
+                    .into(),
             ));
         }
         if self.transport.transport() != wanxfer_engine::session::Transport::Tcp {
@@ -896,6 +958,29 @@ impl CpArgs {
             dest_path: dest,
             into: ends_with_slash(self.paths.last().expect("clap requires two paths")),
         }))
+    }
+
+    /// The rules and the --files-from list, read now: a list that cannot be read or
+    /// names a bad path is a usage error before anything connects.
+    fn selection(&self) -> Result<Selection, Error> {
+        let files = match &self.files_from {
+            None => None,
+            Some(file) => {
+                let list = if file == std::path::Path::new("-") {
+                    let mut list = Vec::new();
+                    std::io::Read::read_to_end(&mut std::io::stdin(), &mut list)
+                        .map_err(|e| Error::local("read", "standard input", e))?;
+                    list
+                } else {
+                    std::fs::read(file).map_err(|e| Error::local("read", file.display(), e))?
+                };
+                Some(parse_file_list(&list, self.from0)?)
+            }
+        };
+        Ok(Selection {
+            rules: self.rules.clone(),
+            files,
+        })
     }
 
     fn push_job(&self, srcs: &[Location], dest: RelPath, into: bool) -> Result<ClientJob, Error> {

@@ -199,7 +199,14 @@ pub enum ParseFailure {
 /// Parses the command line, with `serve --config FILE` merged in.
 pub fn parse(argv: Vec<OsString>) -> Result<Cli, ParseFailure> {
     let matches = merged_matches(argv)?;
-    <Cli as clap::FromArgMatches>::from_arg_matches(&matches).map_err(ParseFailure::Clap)
+    let mut cli =
+        <Cli as clap::FromArgMatches>::from_arg_matches(&matches).map_err(ParseFailure::Clap)?;
+    if let (crate::args::Command::Cp(cp), Some(("cp", m))) =
+        (&mut cli.command, matches.subcommand())
+    {
+        cp.rules = crate::args::ordered_rules(m);
+    }
+    Ok(cli)
 }
 
 fn merged_matches(mut argv: Vec<OsString>) -> Result<ArgMatches, ParseFailure> {

@@ -283,6 +283,9 @@ fn cp(args: CpArgs) -> Result<(), Error> {
         secret::for_client_with(args.secret_file.as_deref(), &args.security)?;
     let mut request = args.request(secret)?;
     request.config.credential = credential;
+    if args.dry_run {
+        return output::print_dry_run(&request.config, &request.job, args.json);
+    }
     request.config.cancel = on_signal();
     let progress = Arc::new(Progress::default());
     let bar = output::ProgressView::start(progress.clone(), args.show_progress());

@@ -538,6 +538,71 @@ fn human_rate(bits_per_s: f64) -> String {
     format!("{value:.2} {}", UNITS[unit])
 }
 
+/// `cp --dry-run`: what the transfer would move, one entry a line (a directory with a
+/// trailing `/`, a symlink with its target) and a summary line, or with `json` one
+/// object whose `entries` list them. Entries are written as they are listed, so that a
+/// tree of millions is never held in memory; a failure part way still closes the JSON
+/// object, with the error in it.
+pub fn print_dry_run(
+    cfg: &wanxfer_engine::session::ClientConfig,
+    job: &wanxfer_engine::session::ClientJob,
+    json: bool,
+) -> Result<(), Error> {
+    use std::io::Write;
+    use wanxfer_proto::EntryKind;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let (mut files, mut dirs, mut bytes) = (0u64, 0u64, 0u64);
+    if json {
+        let _ = write!(out, "{{\"dry_run\":true,\"entries\":[");
+    }
+    let result = wanxfer_engine::select::dry_run(cfg, job, |entry| {
+        let path = String::from_utf8_lossy(entry.path.as_bytes());
+        let (kind, shown) = match entry.kind {
+            EntryKind::Dir => ("dir", format!("{path}/")),
+            EntryKind::Symlink => (
+                "symlink",
+                format!("{path} -> {}", String::from_utf8_lossy(&entry.link_target)),
+            ),
+            _ => ("file", path.to_string()),
+        };
+        if entry.kind == EntryKind::Dir {
+            dirs += 1;
+        } else {
+            files += 1;
+        }
+        bytes += entry.size;
+        if json {
+            let one = serde_json::json!({"path": path, "kind": kind, "size": entry.size});
+            let comma = if files + dirs > 1 { "," } else { "" };
+            let _ = write!(out, "{comma}{one}");
+        } else {
+            let _ = writeln!(out, "{shown}");
+        }
+    });
+    if json {
+        let _ = write!(out, "],\"files\":{files},\"dirs\":{dirs},\"bytes\":{bytes}");
+        if let Err(e) = &result {
+            let error = serde_json::json!(cause_chain(e));
+            let _ = write!(
+                out,
+                ",\"error\":{error},\"error_class\":\"{}\",\"exit_code\":{}",
+                class_name(e.class()),
+                crate::exit_code(e)
+            );
+        }
+        let _ = writeln!(out, "}}");
+    } else if result.is_ok() {
+        let _ = writeln!(
+            out,
+            "dry run: would send {files} files and {dirs} directories, {} (nothing moved)",
+            crate::args::size_text(bytes)
+        );
+    }
+    let _ = out.flush();
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

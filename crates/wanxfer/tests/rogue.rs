@@ -218,6 +218,7 @@ fn push_request(dest: &str) -> OpenSession {
         transfer_id: fresh_transfer_id(),
         placement: Placement::Resolve,
         compare: Compare::Always,
+        selection: Default::default(),
     }
 }
 
@@ -1362,4 +1363,60 @@ fn a_client_refuses_numbers_it_did_not_ask_for() {
         assert!(peak_kib < 64 << 10, "{needle}: peak RSS {peak_kib} KiB");
         assert!(!dest.exists());
     }
+}
+
+/// Issue 20: a pull's selection comes from the peer, so the server bounds and checks it
+/// before it lists anything: too many rules, a pattern that is no glob, and a selection
+/// on a push (where the client lists) are each refused, and the server serves on.
+#[test]
+fn a_peer_sending_a_selection_it_may_not_is_refused() {
+    let site = Site::new();
+    fs::create_dir_all(site.root().join("data")).unwrap();
+    fs::write(site.root().join("data/f"), b"x").unwrap();
+    let pull = |selection: wanxfer_proto::Selection| OpenSession {
+        direction: Direction::Pull,
+        paths: vec![RelPath::new(b"data").unwrap()],
+        selection,
+        ..push_request("")
+    };
+    let rule = |pattern: &[u8]| wanxfer_proto::SelectRule {
+        include: false,
+        pattern: pattern.to_vec(),
+    };
+    // More rules than the limit: the encoder does not stop a hostile peer.
+    let (mut peer, _) = RawPeer::authenticate(&site.server, SECRET);
+    peer.send(&Message::OpenSession(pull(wanxfer_proto::Selection {
+        rules: vec![rule(b"*.tmp"); wanxfer_proto::MAX_SELECT_RULES + 1],
+        files: None,
+    })));
+    peer.expect_refusal(None);
+
+    let (mut peer, _) = RawPeer::authenticate(&site.server, SECRET);
+    peer.send(&Message::OpenSession(pull(wanxfer_proto::Selection {
+        rules: vec![rule(b"a[")],
+        files: None,
+    })));
+    peer.expect_refusal(Some("pattern \"a[\""));
+
+    let (mut peer, _) = RawPeer::authenticate(&site.server, SECRET);
+    peer.send(&Message::OpenSession(OpenSession {
+        selection: wanxfer_proto::Selection {
+            rules: vec![rule(b"*")],
+            files: None,
+        },
+        ..push_request("pushed")
+    }));
+    peer.expect_refusal(Some("selection"));
+    assert!(!site.root().join("pushed").exists());
+
+    // Still serving, and a pull with a good selection works.
+    let back = site.path("back");
+    cp([
+        std::ffi::OsString::from("--exclude"),
+        "g".into(),
+        site.server.url("data"),
+        back.clone().into(),
+    ])
+    .assert_ok();
+    assert_eq!(fs::read(back.join("f")).unwrap(), b"x");
 }

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use wanxfer_proto::handshake::{Authenticated, ClientHandshake, Side, Step};
 use wanxfer_proto::{
     features, session_flags, ChannelJoin, ConnectionKind, Direction, FailureClass, Message,
-    OpenSession, Placement as Wire, Preamble, RelPath, SessionAccepted, Stats, TransportKind,
+    OpenSession, Placement as Wire, Preamble, RelPath, Selection, SessionAccepted, Stats,
+    TransportKind,
 };
 use wanxfer_session::negotiate;
 
@@ -23,6 +24,7 @@ use crate::digest::BlockKey;
 use crate::fs::{Kind, Root};
 use crate::pool::Cancel;
 use crate::progress::{process_cpu, CpuMeter, CpuTime, IoUse, Progress};
+use crate::select::Matcher;
 use crate::sink::{Placement, Sink, SinkLimits};
 use crate::source::{Source, SYNTHETIC_NAME};
 use crate::stream::Stream;
@@ -73,6 +75,12 @@ pub struct ClientConfig {
     pub client_cert: Option<(PathBuf, PathBuf)>,
     /// Authenticate with this third-party copy grant (id, secret) instead of `secret`.
     pub grant: Option<([u8; 16], [u8; 32])>,
+    /// Which entries beneath the sources move (`--exclude`, `--include`,
+    /// `--files-from`): applied here for a push, sent to the server for a pull.
+    pub selection: Selection,
+    /// Create the destination's missing parent directories first (`cp --parents`): a
+    /// remote one through the server's `mkdir -p`, confined to its root.
+    pub make_parents: bool,
 }
 
 /// How a client proves who it is when not by the shared secret.
@@ -109,6 +117,8 @@ impl ClientConfig {
             credential: None,
             client_cert: None,
             grant: None,
+            selection: Selection::default(),
+            make_parents: false,
         }
     }
 
@@ -319,6 +329,18 @@ pub fn run_client(
             });
         }
     }
+    // Bad patterns, and a pull's selection the request could not carry, are the
+    // user's to fix before anything connects.
+    let selection = check_selection(cfg, &job).map_err(|error| Failed {
+        error,
+        report: Box::default(),
+    })?;
+    if cfg.make_parents {
+        make_parents(cfg, &job).map_err(|error| Failed {
+            error,
+            report: Box::default(),
+        })?;
+    }
     let started = Instant::now();
     let cpu_before = process_cpu();
     let id = transfer_id(&cfg.server, &job);
@@ -332,7 +354,7 @@ pub fn run_client(
     loop {
         attempt += 1;
         progress.reset_totals();
-        let result = run_once(cfg, &job, &id, &state, progress.clone());
+        let result = run_once(cfg, &job, &id, &state, &selection, progress.clone());
         let bytes = progress.bytes.load(std::sync::atomic::Ordering::Relaxed);
         total.bytes += bytes;
         total.bytes_skipped = progress
@@ -430,6 +452,7 @@ fn run_once(
     job: &ClientJob,
     id: &[u8; 16],
     state: &StateDir,
+    selection: &Arc<Matcher>,
     progress: Arc<Progress>,
 ) -> Result<Report, Error> {
     let pinned = match job {
@@ -439,7 +462,13 @@ fn run_once(
     };
     // Fitted into this side's memory budget before asking: the server only lowers.
     let tuning = cfg.tuning.fitted(matches!(job, ClientJob::Pull { .. }));
-    let request = open_request(job, &tuning, *id, pinned.unwrap_or(Wire::Resolve));
+    let request = open_request(
+        job,
+        &tuning,
+        *id,
+        pinned.unwrap_or(Wire::Resolve),
+        &cfg.selection,
+    );
     let agreed = handshake(cfg, request)?;
     if let ClientJob::Push { .. } = job {
         state.set_placement(id, agreed.accepted.placement)?;
@@ -509,7 +538,7 @@ fn run_once(
     let report_to = events.0.clone();
     let driver = Driver::new(setup, &agreed.stream, events)?;
     let outcome = match job {
-        ClientJob::Push { source, .. } => driver.send(source),
+        ClientJob::Push { source, .. } => driver.send(source, selection.clone()),
         ClientJob::Pull {
             sources,
             synthetic_bytes,
@@ -780,6 +809,12 @@ fn handshake(cfg: &ClientConfig, request: OpenSession) -> Result<Agreed, Error> 
                     "{peer} does not offer the fabric transport (start it with --transport fabric)"
                 )));
             }
+            if !request.selection.is_empty() && greeting.features & features::SELECT == 0 {
+                return Err(Error::Usage(format!(
+                    "{peer} cannot select what it sends (--exclude, --include, --files-from): \
+                     it runs an older wanxfer"
+                )));
+            }
             Ok(())
         })?;
     let accepted = match conn::read_message_by(&mut stream, deadline, peer)? {
@@ -802,6 +837,76 @@ fn handshake(cfg: &ClientConfig, request: OpenSession) -> Result<Agreed, Error> 
         // connect, greeting or TLS, proof and request.
         round_trips: 3,
     })
+}
+
+/// Creates the missing directories above the job's destination, as `mkdir -p` would:
+/// on the server for a push (through a remote-operations connection, so the server's
+/// confinement applies), here for a pull. An existing directory is no error; a file in
+/// the way is.
+pub fn make_parents(cfg: &ClientConfig, job: &ClientJob) -> Result<(), Error> {
+    match job {
+        ClientJob::Push { dest, .. } => match dest.split_last() {
+            Some((parent, _)) if !parent.is_root() && dest.as_bytes() != DISCARD_PATH => {
+                crate::ops::Client::connect(cfg)?.mkdir(&parent, true, 0o777)
+            }
+            _ => Ok(()),
+        },
+        ClientJob::Pull {
+            dest: PullDest::Local { path, .. },
+            ..
+        } => match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => std::fs::create_dir_all(parent)
+                .map_err(|e| Error::local("create directory", parent.display(), e)),
+            _ => Ok(()),
+        },
+        ClientJob::Pull { .. } => Ok(()),
+    }
+}
+
+/// The selection compiled for this side's walker, once its patterns (and, for a pull,
+/// its size) are known to be acceptable.
+fn check_selection(cfg: &ClientConfig, job: &ClientJob) -> Result<Arc<Matcher>, Error> {
+    let matcher = Matcher::new(&cfg.selection)?;
+    if let ClientJob::Pull { .. } = job {
+        let rules = cfg.selection.rules.len();
+        if rules > wanxfer_proto::MAX_SELECT_RULES {
+            return Err(Error::Usage(format!(
+                "{rules} --include/--exclude rules: a pull carries at most {}",
+                wanxfer_proto::MAX_SELECT_RULES
+            )));
+        }
+        let paths = cfg.selection.files.as_ref().map_or(0, Vec::len);
+        if paths > wanxfer_proto::MAX_SELECTED_PATHS {
+            return Err(Error::Usage(format!(
+                "--files-from names {paths} paths: a pull carries at most {} (split the list, \
+                 or push from the other side)",
+                wanxfer_proto::MAX_SELECTED_PATHS
+            )));
+        }
+        // The request is one frame: what the selection adds must leave room for the rest
+        // of it (the sources' paths and a few dozen bytes of numbers).
+        let carried: usize = cfg
+            .selection
+            .rules
+            .iter()
+            .map(|r| 5 + r.pattern.len())
+            .sum::<usize>()
+            + cfg
+                .selection
+                .files
+                .iter()
+                .flatten()
+                .map(|p| 4 + p.as_bytes().len())
+                .sum::<usize>();
+        if carried > wanxfer_proto::MAX_FRAME_BODY / 2 {
+            return Err(Error::Usage(format!(
+                "the selection takes {carried} bytes: a pull's request carries at most {} \
+                 (shorten --files-from)",
+                wanxfer_proto::MAX_FRAME_BODY / 2
+            )));
+        }
+    }
+    Ok(Arc::new(matcher))
 }
 
 fn client_features(tuning: &Tuning) -> u64 {
@@ -848,6 +953,7 @@ fn open_request(
     tuning: &Tuning,
     transfer_id: [u8; 16],
     placement: Wire,
+    selection: &Selection,
 ) -> OpenSession {
     let mut flags = 0;
     if !tuning.block_crc {
@@ -856,6 +962,7 @@ fn open_request(
     if !tuning.file_digest {
         flags |= session_flags::NO_FILE_DIGEST;
     }
+    let mut pull_selection = Selection::default();
     let (direction, paths, source_count, synthetic_bytes) = match job {
         ClientJob::Push { source, dest, .. } => {
             if dest.as_bytes() == DISCARD_PATH {
@@ -871,6 +978,9 @@ fn open_request(
         } => {
             if matches!(dest, PullDest::Discard) {
                 flags |= session_flags::DISCARD;
+            }
+            if synthetic_bytes.is_none() {
+                pull_selection = selection.clone();
             }
             if let Some(bytes) = synthetic_bytes {
                 flags |= session_flags::SYNTHETIC_SOURCE;
@@ -907,6 +1017,7 @@ fn open_request(
             Wire::Resolve
         },
         compare: tuning.compare,
+        selection: pull_selection,
     }
 }
 

@@ -37,6 +37,7 @@ use super::conn::ControlWriter;
 use super::Params;
 use crate::pool::{recv_or_cancel, Block, Cancel, Pool};
 use crate::progress::{CpuMeter, IoUse, PoolKind, Progress};
+use crate::select::Matcher;
 use crate::sink::{self, Sink};
 use crate::source::{
     run_reader, FileJob, ReadJob, ReaderConfig, ReaderEvent, ReaderShared, Source, Walker,
@@ -504,10 +505,10 @@ impl Driver {
         !self.writer.flush()
     }
 
-    /// Sends `source`: walks it, announces it within the window, reads what the machine
+    /// Sends `source` (what `selection` takes of it): walks it, announces it within the window, reads what the machine
     /// plans, and goes on until the receiver has resolved every entry.
-    pub fn send(mut self, source: &Source) -> Result<Outcome, Error> {
-        let result = self.send_loop(source);
+    pub fn send(mut self, source: &Source, selection: Arc<Matcher>) -> Result<Outcome, Error> {
+        let result = self.send_loop(source, selection);
         match &result {
             Ok(_) => {
                 self.writer.close(Duration::from_secs(5));
@@ -526,7 +527,7 @@ impl Driver {
         })
     }
 
-    fn send_loop(&mut self, source: &Source) -> Result<(), Error> {
+    fn send_loop(&mut self, source: &Source, selection: Arc<Matcher>) -> Result<(), Error> {
         let p = self.setup.params.clone();
         let pool = Pool::new(p.send_buffers(), p.block_size as usize);
         self.setup.progress.watch_pool(PoolKind::Blocks, &pool);
@@ -577,7 +578,7 @@ impl Driver {
             machine.channel_opened(index);
         }
         self.open_initial_links();
-        let mut walker = Walker::new(source);
+        let mut walker = Walker::new(source).selecting(selection);
         let mut walking = true;
         let mut contents: HashMap<u64, FileJob> = HashMap::new();
         let mut queued: VecDeque<ReadJob> = VecDeque::new();

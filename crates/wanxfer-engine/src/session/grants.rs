@@ -195,6 +195,7 @@ mod tests {
             transfer_id: [transfer; 16],
             placement: Placement::Resolve,
             compare: Compare::QuickCheck,
+            selection: Default::default(),
         }
     }
 

@@ -51,6 +51,7 @@ use crate::error::count_of;
 use crate::fs::Root;
 use crate::pool::Cancel;
 use crate::progress::{CpuMeter, Progress};
+use crate::select::Matcher;
 use crate::sink::{Placement, Sink, SinkLimits};
 use crate::source::Source;
 use crate::stream::Stream;
@@ -1186,7 +1187,7 @@ impl Connection {
         let started = Instant::now();
         let meter = Arc::new(CpuMeter::default());
         let (role, sink) = match role {
-            Role::Send(source) => (Role::Send(source), None),
+            Role::Send(source, selection) => (Role::Send(source, selection), None),
             Role::Receive(target) => {
                 let report_to = events.0.clone();
                 let report: crate::commit::Report = Arc::new(move |id, result| {
@@ -1260,7 +1261,7 @@ impl Connection {
         };
         let driver = Driver::new(setup, &stream, events)?;
         let outcome = match (role, sink) {
-            (Role::Send(source), _) => driver.send(&source),
+            (Role::Send(source, selection), _) => driver.send(&source, selection),
             (_, Some(sink)) => driver.receive(sink),
             _ => Err(Error::Internal("a session with no role".into())),
         };
@@ -1336,6 +1337,10 @@ impl Connection {
                 let [dest] = req.paths.as_slice() else {
                     return Err(Error::Usage("a push names exactly one destination".into()));
                 };
+                if !req.selection.is_empty() {
+                    // The pushing client lists its own tree and applies its selection.
+                    return Err(Error::Usage("a push carries no selection".into()));
+                }
                 let discard =
                     req.flags & session_flags::DISCARD != 0 || dest.as_bytes() == DISCARD_PATH;
                 if discard {
@@ -1371,9 +1376,12 @@ impl Connection {
                 let synthetic = req.flags & session_flags::SYNTHETIC_SOURCE != 0;
                 if synthetic && req.paths.iter().all(|p| p.as_bytes() == SYNTHETIC_PATH) {
                     return Ok((
-                        Role::Send(Source::Synthetic {
-                            bytes: req.synthetic_bytes,
-                        }),
+                        Role::Send(
+                            Source::Synthetic {
+                                bytes: req.synthetic_bytes,
+                            },
+                            Arc::default(),
+                        ),
                         wanxfer_proto::Placement::Resolve,
                         None,
                     ));
@@ -1405,8 +1413,9 @@ impl Connection {
                     paths.push(inside);
                 }
                 let export = export.expect("at least one path");
+                let selection = Arc::new(Matcher::new(&req.selection)?);
                 Ok((
-                    Role::Send(Source::beneath(&export.root, &paths)?),
+                    Role::Send(Source::beneath(&export.root, &paths)?, selection),
                     wanxfer_proto::Placement::Resolve,
                     Some(export),
                 ))
@@ -1494,7 +1503,8 @@ impl Drop for Registered<'_> {
 }
 
 enum Role {
-    Send(Source),
+    /// What to send, and which entries beneath it the client selected.
+    Send(Source, Arc<Matcher>),
     /// Where pushed files land; `None` discards (memory to memory).
     Receive(Option<(Root, Placement)>),
 }
