@@ -26,6 +26,9 @@ pub struct Progress {
     /// Sending: the first reason a channel did less than `--io` asked for (see
     /// [`IoUse::fallback`]).
     pub io_fallback: OnceLock<String>,
+    /// Microseconds sending channels spent waiting for a block to send, summed over
+    /// channels: the share of their time the disks or readers kept them idle.
+    pub channel_wait_us: AtomicU64,
 }
 
 /// How one side moved file bytes in a session, reported at its end (the server's in its

@@ -414,7 +414,12 @@ impl Tuner {
             return;
         }
         let n = r.streams;
-        if r.loss > LOSS_BACKOFF && n > self.cfg.min_streams {
+        // The first interval holds every stream's slow start, whose overshoot of the
+        // bottleneck's buffer loses packets in a burst that says nothing about the path
+        // (seen through the emulator at 50 ms: 7% of a first interval, then none). It is
+        // still scored, loss and all, so the probe that follows compares fairly.
+        let first = self.readings == 1;
+        if r.loss > LOSS_BACKOFF && n > self.cfg.min_streams && !first {
             let shed = (n / 4).max(1);
             self.upper_bad = Some(n);
             self.best = None;

@@ -172,6 +172,8 @@ pub struct Report {
     pub setup_round_trips: u32,
     /// The TLS suite the connections use, or `none`.
     pub encryption: String,
+    /// What the tuner chose and why, and each channel's measurements.
+    pub tune: Option<crate::session::steer::TuneReport>,
     /// Where the data channels' records are sealed: `rustls`, `kernel` or `none`.
     pub tls_records: &'static str,
 }
@@ -388,14 +390,23 @@ fn run_once(
         ClientJob::Push { .. } => state.placement(id),
         ClientJob::Pull { .. } => None,
     };
-    // Fitted into this side's memory budget before asking: the server only lowers.
-    let tuning = cfg.tuning.fitted(matches!(job, ClientJob::Pull { .. }));
+    // Fitted into this side's memory budget before asking: the server only lowers. A
+    // tuned session asks for room for as many streams as the tuner may try.
+    let mut asked = cfg.tuning.clone();
+    if asked.auto_streams {
+        asked.streams = asked.streams.max(super::AUTO_MAX_STREAMS);
+    }
+    let tuning = asked.fitted(matches!(job, ClientJob::Pull { .. }));
     let request = open_request(job, &tuning, *id, pinned.unwrap_or(Wire::Resolve));
     let agreed = handshake(cfg, request)?;
     if let ClientJob::Push { .. } = job {
         state.set_placement(id, agreed.accepted.placement)?;
     }
     let mut params = Params::from_accepted(&agreed.accepted, id, &tuning, agreed.auth.negotiated());
+    if cfg.tuning.auto_streams {
+        params.auto_streams = true;
+        params.start_streams = cfg.tuning.streams.clamp(1, params.streams);
+    }
     params.resolve_io(conn::peer_on_this_host(&agreed.stream));
     let (kernel_tls, io_note) = params.settle_for_tls(&agreed.stream);
     if let Some(note) = io_note {
@@ -553,7 +564,7 @@ fn report(
             user_us: peer.cpu_user_us,
             sys_us: peer.cpu_sys_us,
         },
-        streams: params.streams,
+        streams: outcome.tune.as_ref().map_or(params.streams, |t| t.streams),
         block_size: params.block_size,
         depth: params.depth,
         transport: cfg.tuning.transport.name(),
@@ -575,6 +586,7 @@ fn report(
             .collect(),
         first_failure: outcome.failures.into_iter().next().map(Arc::new),
         setup_round_trips: agreed.round_trips,
+        tune: outcome.tune.clone(),
         encryption: String::new(),
         tls_records: "none",
     }

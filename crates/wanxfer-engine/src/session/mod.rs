@@ -15,6 +15,7 @@ pub(crate) mod conn;
 pub mod driver;
 pub mod server;
 pub mod state;
+pub mod steer;
 
 pub use client::{run_client, ClientConfig, ClientJob, PullDest, Report, RetryPolicy};
 pub use server::{Server, ServerLimits};
@@ -85,7 +86,19 @@ pub struct Tuning {
     /// Bytes of block buffers this side may hold for one session (local): the readers'
     /// and writers' counts and the pool are fitted into it.
     pub max_memory: u64,
+    /// The client's tuner chooses the number of streams while the session runs,
+    /// starting from `streams`, up to [`AUTO_MAX_STREAMS`] (or what the server and the
+    /// memory budget allow); off, `streams` is the count (`cp --streams N`).
+    pub auto_streams: bool,
+    /// The session's rate (`--rate`), bits per second: paced over its channels.
+    pub rate_bits_per_s: Option<u64>,
+    /// The TCP congestion control of this side's data sockets (`--congestion`).
+    pub congestion: Option<String>,
 }
+
+/// Most streams the tuner asks the server for room for: the pools are sized for this many
+/// at the session's start (one memory budget), and the tuner searches up to it.
+pub const AUTO_MAX_STREAMS: u16 = 16;
 
 /// A path silent for this long is declared dead.
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(120);
@@ -113,6 +126,9 @@ impl Default for Tuning {
             durable: true,
             resume: true,
             max_memory: 1 << 30,
+            auto_streams: false,
+            rate_bits_per_s: None,
+            congestion: None,
         }
     }
 }
@@ -205,6 +221,12 @@ pub struct Params {
     pub features: u64,
     /// A session without encryption: the key this side tags the blocks it sends with.
     pub send_key: Option<crate::digest::BlockKey>,
+    /// Channels the client opens first; with `auto_streams` the tuner takes it from there
+    /// up to `streams`, which the pools are sized for.
+    pub start_streams: u16,
+    pub auto_streams: bool,
+    pub rate_bits_per_s: Option<u64>,
+    pub congestion: Option<String>,
 }
 
 impl Params {
@@ -236,6 +258,10 @@ impl Params {
             stall_timeout: tuning.stall_timeout,
             features,
             send_key: None,
+            start_streams: a.streams,
+            auto_streams: false,
+            rate_bits_per_s: tuning.rate_bits_per_s,
+            congestion: tuning.congestion.clone(),
         }
     }
 
