@@ -391,10 +391,10 @@ fn run_once(
         ClientJob::Pull { .. } => None,
     };
     // Fitted into this side's memory budget before asking: the server only lowers. A
-    // tuned session asks for room for as many streams as the tuner may try.
+    // tuned session asks for pools for a few streams; more join and share them.
     let mut asked = cfg.tuning.clone();
     if asked.auto_streams {
-        asked.streams = asked.streams.max(super::AUTO_MAX_STREAMS);
+        asked.streams = asked.streams.max(super::AUTO_POOL_STREAMS);
     }
     let tuning = asked.fitted(matches!(job, ClientJob::Pull { .. }));
     let request = open_request(job, &tuning, *id, pinned.unwrap_or(Wire::Resolve));

@@ -218,7 +218,11 @@ impl Driver {
                 p.streams
             },
             min_streams: 1,
-            max_streams: p.streams,
+            max_streams: if p.auto_streams {
+                p.max_streams.min(super::AUTO_MAX_STREAMS)
+            } else {
+                p.streams
+            },
             fixed_streams: !p.auto_streams,
             block_size: p.block_size,
             max_depth: p.depth,

@@ -87,8 +87,9 @@ pub struct Tuning {
     /// and writers' counts and the pool are fitted into it.
     pub max_memory: u64,
     /// The client's tuner chooses the number of streams while the session runs,
-    /// starting from `streams`, up to [`AUTO_MAX_STREAMS`] (or what the server and the
-    /// memory budget allow); off, `streams` is the count (`cp --streams N`).
+    /// starting from `streams`, up to [`AUTO_MAX_STREAMS`] (or what the server allows),
+    /// with pools sized for [`AUTO_POOL_STREAMS`]; off, `streams` is the count (`cp
+    /// --streams N`).
     pub auto_streams: bool,
     /// The session's rate (`--rate`), bits per second: paced over its channels.
     pub rate_bits_per_s: Option<u64>,
@@ -96,9 +97,14 @@ pub struct Tuning {
     pub congestion: Option<String>,
 }
 
-/// Most streams the tuner asks the server for room for: the pools are sized for this many
-/// at the session's start (one memory budget), and the tuner searches up to it.
+/// Most streams the tuner tries (the server may allow fewer: its `max_streams`).
 pub const AUTO_MAX_STREAMS: u16 = 16;
+
+/// Streams a tuned session's pools are sized for. TCP channels share one pool and what
+/// they have in flight sits in the kernel's socket buffers, so more streams than this
+/// share these buffers rather than each adding `depth + 1` (sized for all 16, the pools
+/// of a 4 MiB-block session took 328 MiB on each side, and the memory was touched).
+pub const AUTO_POOL_STREAMS: u16 = 4;
 
 /// A path silent for this long is declared dead.
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(120);
@@ -222,7 +228,7 @@ pub struct Params {
     /// A session without encryption: the key this side tags the blocks it sends with.
     pub send_key: Option<crate::digest::BlockKey>,
     /// Channels the client opens first; with `auto_streams` the tuner takes it from there
-    /// up to `streams`, which the pools are sized for.
+    /// up to [`AUTO_MAX_STREAMS`] or `max_streams`, whichever is fewer.
     pub start_streams: u16,
     pub auto_streams: bool,
     pub rate_bits_per_s: Option<u64>,
