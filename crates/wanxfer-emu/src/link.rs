@@ -25,6 +25,10 @@ pub struct LinkConfig {
     pub jitter: Duration,
     /// Bottleneck rate in bits per second; 0 means unlimited.
     pub rate_bps: u64,
+    /// Later rates: from each time (since the emulator started) the bottleneck runs at
+    /// its rate instead, in time order (a path whose capacity drops and recovers, which
+    /// a tuner must follow).
+    pub rate_steps: Vec<(Duration, u64)>,
     /// Bottleneck buffer in bytes (drop-tail beyond it).
     pub buffer: u64,
     /// Probability that a packet is lost.
@@ -45,6 +49,7 @@ impl Default for LinkConfig {
             delay: Duration::ZERO,
             jitter: Duration::ZERO,
             rate_bps: 0,
+            rate_steps: Vec::new(),
             buffer: 1 << 20,
             loss: 0.0,
             reorder: 0.0,
@@ -218,20 +223,29 @@ impl Link {
     /// Puts `len` bytes in the bottleneck queue at `now`; `None` if the buffer is full.
     /// Returns when the last byte leaves the bottleneck.
     fn enqueue(&mut self, len: u64, now: u64) -> Option<u64> {
-        if self.cfg.rate_bps == 0 {
+        let rate = self.rate_at(now);
+        if rate == 0 {
             return Some(now);
         }
         let backlog_ns = self.busy_until.saturating_sub(now);
-        let backlog =
-            (u128::from(backlog_ns) * u128::from(self.cfg.rate_bps) / 8 / 1_000_000_000) as u64;
+        let backlog = (u128::from(backlog_ns) * u128::from(rate) / 8 / 1_000_000_000) as u64;
         if backlog + len > self.cfg.buffer {
             return None;
         }
         self.counters.queue_high_water = self.counters.queue_high_water.max(backlog + len);
-        let serialize =
-            (u128::from(len) * 8 * 1_000_000_000 / u128::from(self.cfg.rate_bps)) as u64;
+        let serialize = (u128::from(len) * 8 * 1_000_000_000 / u128::from(rate)) as u64;
         self.busy_until = self.busy_until.max(now) + serialize;
         Some(self.busy_until)
+    }
+
+    /// The bottleneck's rate at `now` (ns since the start).
+    fn rate_at(&self, now: u64) -> u64 {
+        self.cfg
+            .rate_steps
+            .iter()
+            .take_while(|(from, _)| from.as_nanos() as u64 <= now)
+            .last()
+            .map_or(self.cfg.rate_bps, |(_, rate)| *rate)
     }
 
     fn jitter(&mut self) -> u64 {
@@ -257,6 +271,26 @@ mod tests {
             Fate::Deliver(t) => t[0],
             Fate::Dropped => panic!("dropped"),
         }
+    }
+
+    #[test]
+    fn the_rate_follows_its_steps() {
+        let link = Link::new(
+            LinkConfig {
+                rate_bps: 8_000_000,
+                rate_steps: vec![
+                    (Duration::from_secs(10), 2_000_000),
+                    (Duration::from_secs(20), 8_000_000),
+                ],
+                ..LinkConfig::default()
+            },
+            1,
+        );
+        let s = 1_000_000_000u64;
+        assert_eq!(link.rate_at(0), 8_000_000);
+        assert_eq!(link.rate_at(10 * s), 2_000_000);
+        assert_eq!(link.rate_at(15 * s), 2_000_000);
+        assert_eq!(link.rate_at(25 * s), 8_000_000);
     }
 
     #[test]

@@ -25,6 +25,10 @@ struct Args {
     /// Bottleneck rate, left to right (e.g. 1gbit, 500mbit); 0 for none.
     #[arg(long, value_parser = parse_rate, default_value = "0")]
     rate: u64,
+    /// From AT (since the start) the bottleneck runs at RATE both ways, e.g.
+    /// 10s=500mbit; repeatable, in time order.
+    #[arg(long, value_parser = parse_rate_step, value_name = "AT=RATE")]
+    rate_step: Vec<(Duration, u64)>,
     /// Bottleneck rate right to left (default: as --rate).
     #[arg(long, value_parser = parse_rate)]
     rate_back: Option<u64>,
@@ -161,6 +165,7 @@ impl Args {
             delay: self.rtt / 2,
             jitter: self.jitter,
             rate_bps: self.rate,
+            rate_steps: self.rate_step.clone(),
             buffer: self.buffer,
             loss: self.loss,
             reorder: self.reorder,
@@ -229,6 +234,13 @@ fn parse_rate(s: &str) -> Result<u64, String> {
         other => return Err(format!("unknown rate unit {other:?} (kbit, mbit, gbit)")),
     };
     Ok((v * scale) as u64)
+}
+
+fn parse_rate_step(s: &str) -> Result<(Duration, u64), String> {
+    let (at, rate) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected AT=RATE, e.g. 10s=500mbit"))?;
+    Ok((parse_duration(at)?, parse_rate(rate)?))
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {

@@ -32,6 +32,9 @@ pub struct Progress {
     /// Sending: the first reason a channel did less than `--io` asked for (see
     /// [`IoUse::fallback`]).
     pub io_fallback: OnceLock<String>,
+    /// Microseconds sending channels spent waiting for a block to send, summed over
+    /// channels: the share of their time the disks or readers kept them idle.
+    pub channel_wait_us: AtomicU64,
     /// Fabric receiver: slots granted to the sender and not yet written (its credits).
     pub fabric_credits: AtomicU64,
     /// Payload bytes by channel index, the first [`COUNTED_CHANNELS`] channels.

@@ -53,6 +53,8 @@ fn ctx(progress: Arc<Progress>) -> PumpCtx {
         index: 0,
         report: Arc::new(|_: LinkEvent| {}),
         cancel: Cancel::default(),
+        retire: Cancel::default(),
+        pacer: None,
         progress,
         peer: "test".into(),
     }

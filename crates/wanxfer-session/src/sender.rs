@@ -762,6 +762,82 @@ mod tests {
         assert_eq!(m.open_channels(), 1);
     }
 
+    /// A channel the tuner retires is never "failed": a sending side ends its stream
+    /// cleanly, a receiving side closes its end, and either way the receiver's final
+    /// count arrives on its own. Everything the count covers is done; anything it does
+    /// not (blocks the receiving side cut off) is sent again, once (issue 19).
+    #[test]
+    fn a_retired_channel_loses_nothing_and_resends_only_what_was_cut_off() {
+        let now = Instant::now();
+        let mut m = SenderMachine::new(cfg(), now);
+        m.push_entry(file("big", 600));
+        drain(&mut m, now);
+        m.handle_message(now, Message::ManifestAck { through: 1 })
+            .unwrap();
+        works(&mut m);
+        let seg = |offset| SegRef {
+            id: 0,
+            offset,
+            len: 100,
+        };
+        for index in [0, 1] {
+            m.channel_opened(index);
+        }
+        m.block_sent(0, vec![seg(0)]).unwrap();
+        m.block_sent(0, vec![seg(100)]).unwrap();
+        m.block_sent(1, vec![seg(200)]).unwrap();
+        m.block_sent(1, vec![seg(300)]).unwrap();
+        m.block_sent(1, vec![seg(400)]).unwrap();
+        // Channel 0 ended cleanly: the receiver took in both of its blocks.
+        m.handle_message(
+            now,
+            Message::ChannelStatus {
+                index: 0,
+                received: 2,
+                closed: true,
+            },
+        )
+        .unwrap();
+        assert_eq!(works(&mut m), vec![SenderWork::CloseChannel(0)]);
+        assert!(
+            drain(&mut m, now).is_empty(),
+            "nothing to ask: it was not lost"
+        );
+        // Channel 1 was closed by the receiving side after one block.
+        m.handle_message(
+            now,
+            Message::ChannelStatus {
+                index: 1,
+                received: 1,
+                closed: true,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            works(&mut m),
+            vec![
+                SenderWork::CloseChannel(1),
+                SenderWork::Read(Plan::Chunks {
+                    id: 0,
+                    size: 600,
+                    ranges: vec![(300, 400), (400, 500)]
+                }),
+            ]
+        );
+        assert_eq!(m.open_channels(), 0);
+        // A later status of a settled channel changes nothing.
+        m.handle_message(
+            now,
+            Message::ChannelStatus {
+                index: 1,
+                received: 3,
+                closed: true,
+            },
+        )
+        .unwrap();
+        assert!(works(&mut m).is_empty());
+    }
+
     /// Found by the simulation (tests/sim.rs): the server finished and closed its data
     /// channels; the client's pumps failed before its `Stats` was read, and the
     /// `DropChannel`s they queued kept the client from being done when it was.

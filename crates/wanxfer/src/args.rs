@@ -546,9 +546,19 @@ pub struct CpArgs {
     /// .../dev/zero into /dev/null).
     #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
     pub paths: Vec<PathBuf>,
-    /// Parallel TCP streams (data channels).
-    #[arg(long, default_value_t = Tuning::default().streams)]
-    pub streams: u16,
+    /// Parallel TCP streams (data channels). Without it the client tunes the count while
+    /// the transfer runs (from 2, up to 16: see --json's `tuning`); with it, N is fixed.
+    #[arg(long, value_name = "N")]
+    pub streams: Option<u16>,
+    /// Pace the session to RATE bits per second (decimal: 500M, 2G, 1.5G), spread over
+    /// its streams (the kernel's pacing on TCP senders; a token bucket otherwise).
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub rate: Option<u64>,
+    /// TCP congestion control of the data streams (`cubic`, `bbr`, ...; the kernel's
+    /// list is in /proc/sys/net/ipv4/tcp_available_congestion_control). Pushes only: on a
+    /// pull the server sends.
+    #[arg(long, value_name = "NAME")]
+    pub congestion: Option<String>,
     /// Block size: the unit read, sent, checksummed and written.
     #[arg(long, value_name = "SIZE", default_value = size_text(Tuning::default().block_size.into()), value_parser = parse_block_size)]
     pub block_size: u32,
@@ -799,7 +809,10 @@ impl CpArgs {
 
     pub fn tuning(&self) -> Tuning {
         Tuning {
-            streams: self.streams.max(1),
+            streams: self.streams.unwrap_or(Tuning::default().streams).max(1),
+            auto_streams: self.streams.is_none(),
+            rate_bits_per_s: self.rate,
+            congestion: self.congestion.clone(),
             block_size: self.block_size,
             depth: self.depth.max(1),
             readers: self.readers.max(1),
@@ -839,6 +852,24 @@ impl CpArgs {
             Location::Remote { server, path } => (server, self.push_job(&srcs, path, into)?),
             Location::Local(dst) => self.pull_job(&srcs, dst, into)?,
         };
+        if let Some(name) = &self.congestion {
+            if matches!(job, ClientJob::Pull { .. }) {
+                return Err(Error::Usage(format!(
+                    "--congestion {name} sets how the sending side's TCP probes the path, and \
+                     on a pull the server sends: set it there (sysctl \
+                     net.ipv4.tcp_congestion_control={name})"
+                )));
+            }
+            if matches!(
+                self.transport.transport(),
+                wanxfer_engine::session::Transport::Fabric { .. }
+            ) {
+                return Err(Error::Usage(format!(
+                    "--congestion {name} applies to TCP streams, not to --transport fabric"
+                )));
+            }
+            wanxfer_engine::transport::tcp_info::check_congestion(name).map_err(Error::Usage)?;
+        }
         let mut config = ClientConfig::new(server, secret, self.tuning());
         config.connect_timeout = Duration::from_secs(self.connect_timeout.max(1));
         config.retry = RetryPolicy {
@@ -1212,6 +1243,43 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// A rate in bits per second: a number with an optional decimal prefix (`k`, `M`, `G`,
+/// `T`) and an optional `bit/s`, `bps` or `b` (network rates are decimal, as links are
+/// rated; bytes are not accepted, to avoid a factor of 8 by mistake).
+pub fn parse_rate(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = ["bit/s", "bps", "bit", "b"]
+        .iter()
+        .find_map(|unit| t.strip_suffix(unit))
+        .unwrap_or(t);
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, prefix) = t.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a rate (e.g. 500M or 2G, in bits per second)"))?;
+    let multiplier = match prefix.trim() {
+        "" => 1.0,
+        "k" | "K" => 1e3,
+        "m" | "M" => 1e6,
+        "g" | "G" => 1e9,
+        "t" | "T" => 1e12,
+        other => {
+            return Err(format!(
+                "unknown rate prefix {other:?} in {s:?} (k, M, G or T, bits per second)"
+            ))
+        }
+    };
+    let bits = value * multiplier;
+    if !(1000.0..=1e15).contains(&bits) {
+        return Err(format!(
+            "{s:?} is out of range (1k to 1000T bits per second)"
+        ));
+    }
+    Ok(bits as u64)
+}
+
 /// A comma-separated list of block sizes.
 pub fn parse_size_list(s: &str) -> Result<u64, String> {
     let bytes = parse_block_size(s)?;
@@ -1232,6 +1300,18 @@ fn parse_block_size(s: &str) -> Result<u32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_parse_in_decimal_bits() {
+        assert_eq!(parse_rate("500M"), Ok(500_000_000));
+        assert_eq!(parse_rate("2G"), Ok(2_000_000_000));
+        assert_eq!(parse_rate("1.5Gbit/s"), Ok(1_500_000_000));
+        assert_eq!(parse_rate("100000"), Ok(100_000));
+        assert_eq!(parse_rate("2Gbps"), Ok(2_000_000_000));
+        for bad in ["", "fast", "2GiB", "0", "10", "2X", "-1G"] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn sizes_parse_binary_and_decimal() {
@@ -1356,7 +1436,18 @@ mod tests {
         let tuning = Tuning::default();
         let limits = ServerLimits::default();
         let size = |s: String| parse_size(&s).unwrap();
-        assert_eq!(default_of("cp", "streams"), tuning.streams.to_string());
+        // --streams has no default: without it the tuner starts from the engine's.
+        let streams = cli
+            .find_subcommand("cp")
+            .unwrap()
+            .get_arguments()
+            .find(|a| a.get_long() == Some("streams"))
+            .unwrap();
+        assert!(streams.get_default_values().is_empty());
+        assert!(
+            !Tuning::default().auto_streams,
+            "the engine's default is what it is told"
+        );
         assert_eq!(
             size(default_of("cp", "block-size")),
             u64::from(tuning.block_size)

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use wanxfer_engine::progress::{IoUse, Progress};
+use wanxfer_engine::session::steer::TuneReport;
 use wanxfer_engine::session::{Report, Tuning};
 use wanxfer_engine::{Error, ErrorClass};
 
@@ -276,6 +277,66 @@ struct JsonReport<'a> {
     /// client's and the peer's the source server's.
     #[serde(skip_serializing_if = "Option::is_none")]
     third_party: Option<ThirdPartyJson<'a>>,
+    /// `--rate`, bits per second, and `--congestion`, as applied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate_bits_per_s: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    congestion: Option<&'a str>,
+    /// What the tuner chose and why (see [`tuning_json`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tuning: Option<serde_json::Value>,
+    /// Each data channel as its socket last saw it: a straggler shows here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    channels: Option<serde_json::Value>,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The tuner's choices: final streams, depth and pacing, the path as measured, and the
+/// last few decisions with their reasons.
+fn tuning_json(t: &TuneReport) -> serde_json::Value {
+    serde_json::json!({
+        "auto_streams": t.auto_streams,
+        "streams": t.streams,
+        "max_streams": t.max_streams,
+        "depth": t.depth,
+        "depth_needed": t.depth_needed,
+        "depth_bounded_by_memory": t.depth_bounded,
+        "pacing_bits_per_s": t.pacing_bits_per_s,
+        "rtt_ms": t.rtt.map(ms),
+        "min_rtt_ms": t.min_rtt.map(ms),
+        "bdp_bytes": t.bdp_bytes,
+        "readings": t.readings,
+        "decisions": t.decisions.iter().map(|d| serde_json::json!({
+            "at_s": (d.at_s * 1000.0).round() / 1000.0,
+            "streams": d.streams,
+            "depth": d.depth,
+            "pacing_bits_per_s": d.pacing_bits_per_s,
+            "reason": d.reason,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Per-channel figures from `TCP_INFO`.
+fn channels_json(t: &TuneReport) -> serde_json::Value {
+    t.channels
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "index": c.index,
+                "state": c.state,
+                "bytes": c.bytes,
+                "bits_per_s": c.bits_per_s.round(),
+                "rtt_ms": ms(c.rtt),
+                "cwnd": c.cwnd,
+                "retransmits": c.retransmits,
+                "delivery_bits_per_s": c.delivery_bits_per_s,
+                "pacing_bits_per_s": c.pacing_bits_per_s,
+            })
+        })
+        .collect()
 }
 
 #[derive(Serialize)]
@@ -353,6 +414,10 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool, quiet: bool) {
                 client_tcp_bytes_sent: t.client_tcp_bytes_sent,
                 client_tcp_bytes_received: t.client_tcp_bytes_received,
             }),
+            rate_bits_per_s: tuning.rate_bits_per_s,
+            congestion: report.tune.as_ref().and_then(|t| t.congestion.as_deref()),
+            tuning: report.tune.as_ref().map(tuning_json),
+            channels: report.tune.as_ref().map(channels_json),
         };
         println!(
             "{}",

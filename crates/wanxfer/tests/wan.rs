@@ -341,3 +341,217 @@ fn the_fabric_transport_crosses_a_long_lossy_path_too() {
     let report = emu.stop().unwrap();
     eprintln!("seed {seed}: {:?}", report.forward);
 }
+
+/// `wanxfer cp --json` of `bytes` synthetic bytes to the right host's `dev/null`, from the
+/// left host (issue 19: measurements of the path, not of a disk).
+fn synthetic_push(emu: &Emulator, server: &Server, bytes: &str, extra: &[&str]) -> Run {
+    let head = ["--json", "--bytes", bytes];
+    let mut args: Vec<&OsStr> = head.iter().chain(extra).map(OsStr::new).collect();
+    let url = server.url("dev/null");
+    args.extend([OsStr::new("/dev/zero"), url.as_os_str()]);
+    cp_via(emu.left(wanxfer_bin()), args)
+}
+
+/// Issue 19: with no tuning flags on a 50 ms path whose random loss caps each stream, the
+/// client measures the path, probes more streams (opening channels mid-session), and
+/// ends with every byte delivered; `--json` says what it chose and why.
+#[test]
+fn a_tuned_transfer_on_a_long_path_adds_streams() {
+    if skip() {
+        return;
+    }
+    let emu = wan(
+        50,
+        LinkConfig {
+            rate_bps: 500_000_000,
+            buffer: 4_000_000,
+            loss: 0.0001,
+            ..LinkConfig::default()
+        },
+        19,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_right(&emu, dir.path(), &[]);
+    let run = synthetic_push(&emu, &server, "256MiB", &[]);
+    let report = emu.stop().unwrap();
+    eprintln!("{run:?}\n{:?}", report.forward);
+    let json = run.assert_ok().json();
+    assert_eq!(json["bytes"].as_u64(), Some(256 << 20), "{json}");
+    let tuning = &json["tuning"];
+    assert_eq!(tuning["auto_streams"], true, "{json}");
+    assert!(tuning["readings"].as_u64().unwrap() >= 1, "{json}");
+    // The session's own round trips measured the path: about 50 ms.
+    let min_rtt = tuning["min_rtt_ms"].as_f64().unwrap();
+    assert!((45.0..500.0).contains(&min_rtt), "{json}");
+    let channels = json["channels"].as_array().unwrap();
+    assert!(
+        channels.len() > 2,
+        "the tuner opened channels beyond the 2 it started with: {json}"
+    );
+    assert!(tuning["decisions"].as_array().unwrap().len() >= 2, "{json}");
+    assert_eq!(
+        json["channels_lost"], 0,
+        "retired channels are not losses: {json}"
+    );
+}
+
+/// Issue 19: `--rate` holds the session's rate, whatever the number of streams, as the
+/// emulator counts it (loosely: headers, TLS and retransmissions ride on top, and the
+/// machine may be slow, so only an overshoot fails).
+#[test]
+fn a_declared_rate_is_held() {
+    if skip() {
+        return;
+    }
+    let emu = wan(
+        10,
+        LinkConfig {
+            rate_bps: 1_000_000_000,
+            buffer: 4_000_000,
+            ..LinkConfig::default()
+        },
+        7,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_right(&emu, dir.path(), &[]);
+    let rate = 100_000_000.0;
+    let run = synthetic_push(&emu, &server, "48MiB", &["--rate", "100M"]);
+    let report = emu.stop().unwrap();
+    eprintln!("{run:?}\n{:?}", report.forward);
+    let json = run.assert_ok().json();
+    assert_eq!(json["rate_bits_per_s"], 100_000_000u64, "{json}");
+    let seconds = json["seconds"].as_f64().unwrap();
+    let on_wire = report.forward.bytes_out as f64 * 8.0 / seconds;
+    assert!(
+        on_wire < rate * 1.3,
+        "{on_wire:.0} bit/s on the wire for --rate 100M: {json}"
+    );
+    let payload = json["gbit_per_s"].as_f64().unwrap() * 1e9;
+    assert!(
+        payload < rate * 1.15,
+        "{payload:.0} bit/s of payload: {json}"
+    );
+    // Every channel was paced at its share.
+    for c in json["channels"].as_array().unwrap() {
+        let pacing = c["pacing_bits_per_s"].as_u64().unwrap();
+        assert!(pacing > 0 && pacing <= 100_000_000, "{json}");
+    }
+}
+
+/// Issue 19: a pull at a declared rate: the client reads no faster than the rate, which
+/// closes the window the server's streams see.
+#[test]
+fn a_declared_rate_is_held_on_a_pull_too() {
+    if skip() {
+        return;
+    }
+    let emu = wan(
+        10,
+        LinkConfig {
+            rate_bps: 1_000_000_000,
+            buffer: 4_000_000,
+            ..LinkConfig::default()
+        },
+        8,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_right(&emu, dir.path(), &[]);
+    let url = server.url("dev/zero");
+    let run = cp_via(
+        emu.left(wanxfer_bin()),
+        [
+            OsStr::new("--json"),
+            OsStr::new("--bytes"),
+            OsStr::new("48MiB"),
+            OsStr::new("--rate"),
+            OsStr::new("100M"),
+            url.as_os_str(),
+            OsStr::new("/dev/null"),
+        ],
+    );
+    let report = emu.stop().unwrap();
+    eprintln!("{run:?}\n{:?}", report.back);
+    let json = run.assert_ok().json();
+    let seconds = json["seconds"].as_f64().unwrap();
+    // The receive buffers fill at the link's speed before the pacing bites: a little
+    // more than the rate over a short transfer.
+    let on_wire = report.back.bytes_out as f64 * 8.0 / seconds;
+    assert!(
+        on_wire < 100e6 * 1.5,
+        "{on_wire:.0} bit/s for --rate 100M: {json}"
+    );
+}
+
+/// Issue 19: `--congestion` sets each data stream's congestion control and says so; a
+/// name the kernel lacks is refused before anything is sent.
+#[test]
+fn the_congestion_control_is_set_and_reported() {
+    let bad = cp_command([
+        "--congestion",
+        "no-such-cc",
+        "--bytes",
+        "1MiB",
+        "/dev/zero",
+        "wanxfer://127.0.0.1:9/dev/null",
+    ]);
+    let run = Run::from_cmd(bad);
+    run.assert_code(2).assert_stderr_mentions("no-such-cc");
+    if skip() {
+        return;
+    }
+    let cc = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .unwrap_or_default();
+    let name = if cc.split_whitespace().any(|c| c == "bbr") {
+        "bbr"
+    } else {
+        "reno"
+    };
+    let emu = wan(
+        20,
+        LinkConfig {
+            rate_bps: 200_000_000,
+            ..LinkConfig::default()
+        },
+        3,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_right(&emu, dir.path(), &[]);
+    let run = synthetic_push(&emu, &server, "16MiB", &["--congestion", name]);
+    emu.stop().unwrap();
+    let json = run.assert_ok().json();
+    assert_eq!(json["congestion"], name, "{json}");
+}
+
+/// Issue 19: the path's capacity drops to a quarter mid-transfer and recovers; the tuned
+/// transfer follows it and completes.
+#[test]
+fn a_path_whose_rate_drops_mid_transfer_still_completes() {
+    if skip() {
+        return;
+    }
+    let emu = wan(
+        50,
+        LinkConfig {
+            rate_bps: 400_000_000,
+            rate_steps: vec![
+                (Duration::from_secs(3), 100_000_000),
+                (Duration::from_secs(6), 400_000_000),
+            ],
+            buffer: 2_500_000,
+            ..LinkConfig::default()
+        },
+        20,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_right(&emu, dir.path(), &[]);
+    let run = synthetic_push(&emu, &server, "256MiB", &[]);
+    let report = emu.stop().unwrap();
+    eprintln!("{run:?}\n{:?}", report.forward);
+    let json = run.assert_ok().json();
+    assert_eq!(json["bytes"].as_u64(), Some(256 << 20), "{json}");
+    assert!(
+        json["seconds"].as_f64().unwrap() > 3.0,
+        "the drop came mid-transfer"
+    );
+    assert!(json["tuning"]["readings"].as_u64().unwrap() >= 2, "{json}");
+}

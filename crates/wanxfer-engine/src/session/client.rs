@@ -214,6 +214,8 @@ pub struct Report {
     pub setup_round_trips: u32,
     /// The TLS suite the connections use, or `none`.
     pub encryption: String,
+    /// What the tuner chose and why, and each channel's measurements.
+    pub tune: Option<crate::session::steer::TuneReport>,
     /// Where the data channels' records are sealed: `rustls`, `kernel` or `none`.
     pub tls_records: &'static str,
     /// A third-party copy: who moved the data, and what this client moved itself.
@@ -460,8 +462,13 @@ fn run_once(
         ClientJob::Push { .. } => state.placement(id),
         ClientJob::Pull { .. } => None,
     };
-    // Fitted into this side's memory budget before asking: the server only lowers.
-    let tuning = cfg.tuning.fitted(matches!(job, ClientJob::Pull { .. }));
+    // Fitted into this side's memory budget before asking: the server only lowers. A
+    // tuned session asks for pools for a few streams; more join and share them.
+    let mut asked = cfg.tuning.clone();
+    if asked.auto_streams {
+        asked.streams = asked.streams.max(super::AUTO_POOL_STREAMS);
+    }
+    let tuning = asked.fitted(matches!(job, ClientJob::Pull { .. }));
     let request = open_request(
         job,
         &tuning,
@@ -474,6 +481,10 @@ fn run_once(
         state.set_placement(id, agreed.accepted.placement)?;
     }
     let mut params = Params::from_accepted(&agreed.accepted, id, &tuning, agreed.auth.negotiated());
+    if cfg.tuning.auto_streams {
+        params.auto_streams = true;
+        params.start_streams = cfg.tuning.streams.clamp(1, params.streams);
+    }
     params.resolve_io(conn::peer_on_this_host(&agreed.stream));
     let (kernel_tls, io_note) = params.settle_for_tls(&agreed.stream);
     if let Some(note) = io_note {
@@ -631,7 +642,7 @@ fn report(
             user_us: peer.cpu_user_us,
             sys_us: peer.cpu_sys_us,
         },
-        streams: params.streams,
+        streams: outcome.tune.as_ref().map_or(params.streams, |t| t.streams),
         block_size: params.block_size,
         depth: params.depth,
         transport: cfg.tuning.transport.name(),
@@ -653,6 +664,7 @@ fn report(
             .collect(),
         first_failure: outcome.failures.into_iter().next().map(Arc::new),
         setup_round_trips: agreed.round_trips,
+        tune: outcome.tune.clone(),
         encryption: String::new(),
         tls_records: "none",
         third_party: None,

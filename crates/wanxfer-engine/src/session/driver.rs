@@ -34,6 +34,7 @@ use wanxfer_session::{
 };
 
 use super::conn::ControlWriter;
+use super::steer::{Sampled, Steer, TuneReport};
 use super::Params;
 use crate::pool::{recv_or_cancel, Block, Cancel, Pool};
 use crate::progress::{CpuMeter, IoUse, PoolKind, Progress};
@@ -42,7 +43,8 @@ use crate::sink::{self, Sink};
 use crate::source::{
     run_reader, FileJob, ReadJob, ReaderConfig, ReaderEvent, ReaderShared, Source, Walker,
 };
-use crate::transport::{Closer, Joined, Link, LinkEvent, PumpCtx, Transport};
+use crate::transport::pace::Pacer;
+use crate::transport::{tcp_info, Closer, Joined, Link, LinkEvent, PumpCtx, Transport};
 use crate::Error;
 
 /// Events the session's threads post to its loop; at most this many wait.
@@ -102,6 +104,8 @@ pub struct Outcome {
     pub resumed_bytes: u64,
     /// Data channels that died and were replaced.
     pub channels_lost: u64,
+    /// Client: what the tuner chose and why, and what each channel measured.
+    pub tune: Option<TuneReport>,
 }
 
 /// Opens one more data connection for the session (client): connect, greet, join.
@@ -129,6 +133,10 @@ pub type StatsFn = Box<dyn Fn(&Outcome, &Progress) -> Stats + Send>;
 struct LinkSlot {
     cancel: Cancel,
     closer: Option<Closer>,
+    /// Set when the tuner retires the link (see [`PumpCtx::retire`]).
+    retire: Cancel,
+    /// Retired: its end is neither a loss nor a reason to open another.
+    retiring: bool,
 }
 
 /// One session's loop.
@@ -152,6 +160,10 @@ pub struct Driver {
     receive_into: Option<(Option<Pool>, Sender<Block>)>,
     local_errors: HashMap<u64, Error>,
     outcome: Outcome,
+    /// Client: measurements and the tuner; `None` on the server.
+    steer: Option<Steer>,
+    /// The session's rate kept by pumps that cannot leave it to the kernel.
+    pacer: Option<Arc<Pacer>>,
 }
 
 impl Driver {
@@ -188,7 +200,168 @@ impl Driver {
             receive_into: None,
             local_errors: HashMap::new(),
             outcome: Outcome::default(),
+            steer: None,
+            pacer: None,
         })
+    }
+
+    /// Client: sets up the measurements and the tuner for the role about to run
+    /// (`sending`), and the pacing `--rate` asks for.
+    fn start_steering(&mut self, sending: bool) {
+        if self.setup.opener.is_none() {
+            return;
+        }
+        let p = &self.setup.params;
+        let cfg = wanxfer_session::tune::TuneConfig {
+            start_streams: if p.auto_streams {
+                p.start_streams
+            } else {
+                p.streams
+            },
+            min_streams: 1,
+            max_streams: if p.auto_streams {
+                p.max_streams.min(super::AUTO_MAX_STREAMS)
+            } else {
+                p.streams
+            },
+            fixed_streams: !p.auto_streams,
+            block_size: p.block_size,
+            max_depth: p.depth,
+            rate_bits_per_s: p.rate_bits_per_s,
+            seed: p.session_tag,
+        };
+        let tcp = self.setup.transport.kind() == wanxfer_proto::TransportKind::Tcp;
+        // A TCP sender leaves pacing to the kernel (`SO_MAX_PACING_RATE` per socket);
+        // receiving pumps and RDMA writes keep the rate themselves.
+        if let Some(rate) = p.rate_bits_per_s {
+            if !(sending && tcp) {
+                self.pacer = Some(Arc::new(Pacer::new(rate)));
+            }
+        }
+        let congestion = if tcp { p.congestion.clone() } else { None };
+        self.steer = Some(Steer::new(cfg, sending, congestion));
+    }
+
+    /// Client: samples the sockets when due, feeds the tuner and carries out what it
+    /// decides.
+    fn steer_tick(&mut self, now: Instant) {
+        let Some(steer) = self.steer.as_mut() else {
+            return;
+        };
+        if now < steer.due() {
+            return;
+        }
+        let tcp = self.setup.transport.kind() == wanxfer_proto::TransportKind::Tcp;
+        let channels = self.links.iter().filter_map(|(index, slot)| {
+            let socket = slot.closer.as_ref()?.socket()?;
+            (tcp && !slot.retiring).then_some(Sampled {
+                index: *index,
+                socket,
+            })
+        });
+        let progress = &self.setup.progress;
+        let decisions = steer.sample(
+            now,
+            progress.bytes.load(Ordering::Relaxed),
+            progress.channel_wait_us.load(Ordering::Relaxed),
+            self.control.tcp(),
+            channels,
+        );
+        for d in decisions {
+            tracing::info!(
+                "{}: tuning: {} streams, depth {}, pacing {:?} bit/s: {}",
+                self.setup.peer,
+                d.streams,
+                d.depth,
+                d.pacing_bits_per_s,
+                d.reason
+            );
+            self.apply_streams(d.streams);
+        }
+    }
+
+    /// Links wanted and not retiring, whether up yet or still opening.
+    fn active_links(&self) -> Vec<u16> {
+        self.links
+            .iter()
+            .filter(|(_, slot)| !slot.retiring)
+            .map(|(index, _)| *index)
+            .collect()
+    }
+
+    /// Opens or retires links until `wanted` are active. A retired sending link ends its
+    /// stream after the block in hand; a retired receiving link is closed, and the sender
+    /// sends again what it cut off (the same path as a lost channel, without the loss).
+    fn apply_streams(&mut self, wanted: u16) {
+        let active = self.active_links();
+        let wanted = usize::from(wanted.max(1));
+        if active.len() < wanted {
+            for _ in active.len()..wanted {
+                // The server counts a retiring link until it is gone.
+                if self.links.len() >= usize::from(self.setup.params.max_streams) {
+                    break;
+                }
+                let index = self.take_index();
+                self.open_link(index);
+            }
+        } else {
+            let sending = self.send_queue.is_some();
+            for index in active.iter().rev().take(active.len() - wanted) {
+                if let Some(slot) = self.links.get_mut(index) {
+                    slot.retiring = true;
+                    slot.retire.cancel();
+                }
+                if !sending {
+                    self.close_link(*index);
+                }
+            }
+        }
+        self.set_pacing();
+    }
+
+    /// Spreads the session's rate over the active TCP links of a sending client.
+    fn set_pacing(&self) {
+        let Some(steer) = &self.steer else { return };
+        if self.send_queue.is_none() || self.pacer.is_some() {
+            return;
+        }
+        let active = self.active_links();
+        let Some(per_channel) = steer.pacing_per_channel(active.len()) else {
+            return;
+        };
+        for index in active {
+            let socket = self
+                .links
+                .get(&index)
+                .and_then(|slot| slot.closer.as_ref())
+                .and_then(|c| c.socket());
+            if let Some(socket) = socket {
+                if let Err(e) = tcp_info::set_max_pacing_rate(socket, Some(per_channel)) {
+                    tracing::warn!("pacing data channel {index}: {e}");
+                }
+            }
+        }
+    }
+
+    /// A link came up (client): its socket gets the session's congestion control and
+    /// pacing before it carries much.
+    fn link_up(&mut self, index: u16, closer: Closer) {
+        self.reopen_backoff = Duration::from_millis(250);
+        let socket = closer.socket().and_then(|s| s.try_clone().ok());
+        if let Some(slot) = self.links.get_mut(&index) {
+            slot.closer = Some(closer);
+        }
+        let congestion = self
+            .steer
+            .as_ref()
+            .and_then(|_| self.setup.params.congestion.clone());
+        if let (Some(name), Some(socket)) = (congestion, &socket) {
+            // Checked when the command started: failing now is this socket's alone.
+            if let Err(e) = tcp_info::set_congestion(socket, &name) {
+                tracing::warn!("congestion control {name} on data channel {index}: {e}");
+            }
+        }
+        self.set_pacing();
     }
 
     /// Where this session's events go: the server hands data connections that join it
@@ -233,11 +406,14 @@ impl Driver {
         make: impl FnOnce() -> Result<Box<dyn Link>, Error> + Send + 'static,
     ) {
         let cancel = Cancel::default();
+        let retire = Cancel::default();
         self.links.insert(
             index,
             LinkSlot {
                 cancel: cancel.clone(),
                 closer: None,
+                retire: retire.clone(),
+                retiring: false,
             },
         );
         let events = self.events.0.clone();
@@ -248,6 +424,8 @@ impl Driver {
                 let _ = report_to.send(Event::Link(e));
             }),
             cancel,
+            retire,
+            pacer: self.pacer.clone(),
             progress: self.setup.progress.clone(),
             peer: self.setup.peer.clone(),
         };
@@ -317,7 +495,11 @@ impl Driver {
 
     fn open_initial_links(&mut self) {
         if self.setup.opener.is_some() {
-            for _ in 0..self.setup.params.streams {
+            let first = match &self.steer {
+                Some(steer) => steer.wanted(),
+                None => self.setup.params.streams,
+            };
+            for _ in 0..first {
                 let index = self.take_index();
                 self.open_link(index);
             }
@@ -333,7 +515,18 @@ impl Driver {
     /// A link is gone. A client opens another while data remains to move, after a pause
     /// that grows while opening keeps failing.
     fn link_lost(&mut self, index: u16, running: bool, failed: bool) {
-        self.links.remove(&index);
+        let retired = self.links.remove(&index).is_some_and(|slot| slot.retiring);
+        if let Some(steer) = self.steer.as_mut() {
+            let state = match (retired, failed && running) {
+                (true, _) => "retired",
+                (false, true) => "lost",
+                (false, false) => "closed",
+            };
+            steer.ended(index, state);
+        }
+        if retired {
+            return;
+        }
         if failed && running {
             self.outcome.channels_lost += 1;
             if self.setup.opener.is_some() {
@@ -348,7 +541,13 @@ impl Driver {
     fn reopen_due(&mut self, now: Instant) {
         while self.reopen_at.front().is_some_and(|at| *at <= now) {
             self.reopen_at.pop_front();
-            if self.links.len() < usize::from(self.setup.params.max_streams) {
+            let wanted = self
+                .steer
+                .as_ref()
+                .map_or(usize::MAX, |s| usize::from(s.wanted()));
+            if self.links.len() < usize::from(self.setup.params.max_streams)
+                && self.active_links().len() < wanted
+            {
                 let index = self.take_index();
                 self.open_link(index);
             }
@@ -422,10 +621,16 @@ impl Driver {
     /// did not fit.
     fn deadline(&self, machine_timeout: Option<Instant>, busy: bool) -> Option<Instant> {
         let soon = busy.then(|| Instant::now() + Duration::from_millis(1));
-        [machine_timeout, self.reopen_at.front().copied(), soon]
-            .into_iter()
-            .flatten()
-            .min()
+        let sample = self.steer.as_ref().map(Steer::due);
+        [
+            machine_timeout,
+            self.reopen_at.front().copied(),
+            soon,
+            sample,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn count(&mut self, id: u64, kind: EntryKind, outcome: FileOutcome) {
@@ -521,8 +726,10 @@ impl Driver {
             fallback: self.setup.progress.io_fallback.get().cloned(),
             ..IoUse::default()
         };
+        let tune = self.steer.as_ref().map(Steer::report);
         result.map(|()| Outcome {
             io,
+            tune,
             ..std::mem::take(&mut self.outcome)
         })
     }
@@ -577,6 +784,7 @@ impl Driver {
         for index in self.links.keys().copied().collect::<Vec<_>>() {
             machine.channel_opened(index);
         }
+        self.start_steering(true);
         self.open_initial_links();
         let mut walker = Walker::new(source).selecting(selection);
         let mut walking = true;
@@ -704,6 +912,9 @@ impl Driver {
             if machine.is_done() {
                 return Ok(());
             }
+            if !machine.all_resolved() {
+                self.steer_tick(now);
+            }
             self.reopen_due(now);
             self.check_links(now)?;
             let wait_walk = walking && machine.wants_entries();
@@ -757,10 +968,7 @@ impl Driver {
             }
             Event::LinkUp { index, closer } => {
                 machine.channel_opened(index);
-                self.reopen_backoff = Duration::from_millis(250);
-                if let Some(slot) = self.links.get_mut(&index) {
-                    slot.closer = Some(closer);
-                }
+                self.link_up(index, closer);
             }
             Event::Reader(ReaderEvent::Failed { id, error }) => {
                 let class = error.wire_class();
@@ -827,8 +1035,10 @@ impl Driver {
             }
         }
         let io = sink.io_use();
+        let tune = self.steer.as_ref().map(Steer::report);
         result.map(|()| Outcome {
             io,
+            tune,
             ..std::mem::take(&mut self.outcome)
         })
     }
@@ -865,6 +1075,7 @@ impl Driver {
             },
             now,
         );
+        self.start_steering(false);
         self.open_initial_links();
         let mut finish_sent = false;
         loop {
@@ -936,6 +1147,9 @@ impl Driver {
             if machine.is_done() {
                 return Ok(());
             }
+            if !machine.all_resolved() {
+                self.steer_tick(now);
+            }
             self.reopen_due(now);
             if !machine.all_resolved() {
                 self.check_links(now)?;
@@ -985,10 +1199,7 @@ impl Driver {
             Event::Link(LinkEvent::Sent { .. } | LinkEvent::Unsent { .. }) => {}
             Event::LinkUp { index, closer } => {
                 machine.channel_opened(index);
-                self.reopen_backoff = Duration::from_millis(250);
-                if let Some(slot) = self.links.get_mut(&index) {
-                    slot.closer = Some(closer);
-                }
+                self.link_up(index, closer);
             }
             Event::Resolved { id, result } => {
                 let result = result.map_err(|e| {

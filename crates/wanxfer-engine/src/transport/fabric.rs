@@ -485,6 +485,10 @@ fn send_blocks(
             return Err(Error::Cancelled);
         }
         sender.take_events(ctx)?;
+        if ctx.retire.is_cancelled() {
+            // Retired by the tuner: what is in flight completes, nothing new is taken.
+            queue_open = false;
+        }
         if !(queue_open && sender.can_write()) {
             // Nothing to do until a credit or a completion arrives: sleep on the CQ.
             sender.wait_event(ctx)?;
@@ -498,6 +502,10 @@ fn send_blocks(
         match queue.recv_timeout(wait) {
             Ok(block) => {
                 let segments = seg_refs(&block);
+                if let Some(pacer) = &ctx.pacer {
+                    // A token bucket: RDMA writes have no kernel pacing to lean on.
+                    pacer.take(block.len as u64, &ctx.cancel);
+                }
                 if let Err(e) = sender.write(block) {
                     (ctx.report)(LinkEvent::Unsent { segments });
                     return Err(e);

@@ -28,7 +28,9 @@ use crate::progress::Progress;
 use crate::Error;
 
 pub mod fabric;
+pub mod pace;
 pub mod tcp;
+pub mod tcp_info;
 pub mod zerocopy;
 
 pub use tcp::{TcpChannel, TcpTransport};
@@ -60,6 +62,12 @@ pub struct PumpCtx {
     pub report: Reporter,
     /// Set when the session ends, or when this link alone must stop.
     pub cancel: Cancel,
+    /// Set when the session no longer wants this link (the tuner retired it): a sending
+    /// pump ends its stream cleanly after the block in hand, so nothing is cut off.
+    pub retire: Cancel,
+    /// A session-wide rate a pump keeps to by itself where the transport does not pace
+    /// (receiving pumps, which pace the sender through the window they open).
+    pub pacer: Option<Arc<pace::Pacer>>,
     pub progress: Arc<Progress>,
     pub peer: String,
 }
@@ -137,6 +145,11 @@ impl Closer {
         Closer(stream.try_clone().ok().map(Arc::new))
     }
 
+    /// The socket, to read `TCP_INFO` of and set options on (TCP links only).
+    pub fn socket(&self) -> Option<&TcpStream> {
+        self.0.as_deref()
+    }
+
     pub fn close(&self) {
         if let Some(stream) = &self.0 {
             let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -194,13 +207,26 @@ pub trait BlockRx: Send {
 /// Sends queued blocks until the queue closes, reporting each.
 pub fn pump_out(tx: &mut dyn BlockTx, queue: &Receiver<Block>, ctx: &PumpCtx) -> Result<(), Error> {
     let result = (|| loop {
+        if ctx.retire.is_cancelled() {
+            return tx.finish();
+        }
         let poll = if tx.holds_blocks() {
             RECLAIM_POLL
         } else {
             CANCEL_POLL
         };
-        match queue.recv_timeout(poll) {
+        let asked = std::time::Instant::now();
+        let next = queue.recv_timeout(poll);
+        // Time a channel waited for a block tells the tuner the network is not what
+        // limits the session.
+        ctx.progress
+            .channel_wait_us
+            .fetch_add(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
+        match next {
             Ok(block) => {
+                if let Some(pacer) = &ctx.pacer {
+                    pacer.take(block.len as u64, &ctx.cancel);
+                }
                 let segments = seg_refs(&block);
                 let len = block.len as u64;
                 if let Err(e) = tx.send(block) {
@@ -243,6 +269,10 @@ pub fn pump_in(
     ctx: &PumpCtx,
 ) -> Result<(), Error> {
     while let Some(block) = rx.recv(pool, &ctx.cancel)? {
+        if let Some(pacer) = &ctx.pacer {
+            // Reading no faster than the rate closes the window the sender sees.
+            pacer.take(block.len as u64, &ctx.cancel);
+        }
         ctx.progress.moved(ctx.index, block.len as u64);
         out.send(block).map_err(|_| Error::Cancelled)?;
         (ctx.report)(LinkEvent::Received { index: ctx.index });

@@ -1,0 +1,724 @@
+//! Online tuning of a session's parallelism: how many data channels to run, how many
+//! blocks each needs in flight, and at what rate to pace them, decided from what the
+//! session measures while it runs.
+//!
+//! Why a controller at all: the right number of TCP streams depends on things no default
+//! can know. A path with random loss caps each loss-based stream near MSS / (RTT · √p);
+//! a host whose socket buffers stop below the bandwidth-delay product caps each stream at
+//! buffer / RTT; a bottleneck already full gains nothing from more streams but a larger
+//! share taken from others. Only trying tells which case holds, and the answer changes
+//! when the path does.
+//!
+//! Why this model (Falcon's, Arifuzzaman and Arslan, TPDS 2023, in its simplest online
+//! form): each measured interval is scored with a utility that rewards goodput `T`,
+//! discounts it by a factor `K` per stream and subtracts a penalty proportional to the
+//! loss rate `L`:
+//!
+//! ```text
+//!     U(n) = T · K^(-n) − B · T · L        K = 1.02, B = 10
+//! ```
+//!
+//! A stream is worth keeping only if it buys more goodput than it costs; and the loss
+//! term makes a stream that only fills a shared queue a loss. Two transfers scoring
+//! themselves this way at one bottleneck stop adding streams at the same count, because
+//! each sees the same capacity and the same loss for its marginal stream: that symmetric
+//! point is where their shares are equal (Falcon proves it is the Nash equilibrium). A
+//! rule that simply adds streams while goodput rises would not stop: at a shared
+//! bottleneck every stream added takes share from the other transfer.
+//!
+//! The search is a hill climb on `U`, not Falcon's Bayesian or gradient variants, because
+//! each evaluation here is expensive (a new stream needs several round trips of slow
+//! start before its rate means anything) and the space is small and one-dimensional:
+//! from the starting count, double while the utility improves by more than [`GAIN`],
+//! then refine by single streams, up then down; hold the best, re-probing one step up
+//! every [`HOLD_EPOCHS`] intervals and at once when goodput at the same count moves by
+//! more than [`PATH_CHANGE`] (the path changed). A loss rate above [`LOSS_BACKOFF`] cuts
+//! a quarter of the streams at once, without waiting for a comparison.
+//!
+//! Intervals are measured in round trips: a change is left to settle for
+//! [`SETTLE_RTTS`] round trips (slow start of a new stream), then measured over
+//! [`MEASURE_RTTS`], each within fixed bounds so that a loopback session still takes
+//! readings long enough to average and a satellite hop still decides within seconds.
+//!
+//! Depth is sized, never guessed: blocks per channel such that depth × block × streams
+//! covers the measured bandwidth-delay product (the best goodput seen times the lowest
+//! RTT seen), never below it, within what the session's memory budget allowed (reported
+//! when it bounds). Pacing follows a declared rate (`--rate`), which the caller spreads
+//! over the channels.
+//!
+//! What this module does not do: read a clock, a socket or `TCP_INFO` (the caller
+//! measures and feeds [`Measurement`]s with the time since the session started), open or
+//! close channels (it says how many it wants), or decide anything for a session whose
+//! stream count the user fixed (`--streams N`), beyond depth and pacing.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::Duration;
+
+/// Goodput discount per stream, Falcon's `K`.
+pub const STREAM_DISCOUNT: f64 = 1.02;
+/// Weight of the loss rate against goodput, Falcon's `B`.
+pub const LOSS_WEIGHT: f64 = 10.0;
+/// Improvement in utility a larger stream count must bring to be kept (readings of one
+/// count vary by a few percent from one interval to the next).
+pub const GAIN: f64 = 0.05;
+/// A count with fewer streams is kept if its utility is within this fraction of the
+/// best's: between counts that score about alike, fewer streams win. That is what moves
+/// two transfers at one bottleneck toward equal counts: the one with more streams loses
+/// less share per stream it gives up than the other gains per stream it adds.
+pub const KEEP_FEWER: f64 = GAIN / 2.0;
+/// Change of goodput at an unchanged count that means the path changed.
+pub const PATH_CHANGE: f64 = 0.30;
+/// A loss rate above this sheds streams at once.
+pub const LOSS_BACKOFF: f64 = 0.02;
+/// Intervals held at the best count before probing one stream more or fewer (on
+/// average: see [`Tuner::next_hold`]).
+pub const HOLD_EPOCHS: u32 = 3;
+/// Round trips a change is left to settle before it is measured.
+pub const SETTLE_RTTS: u32 = 6;
+/// Round trips a count is measured over.
+pub const MEASURE_RTTS: u32 = 4;
+/// Bounds on the settling and measuring spans, whatever the RTT.
+pub const SETTLE_BOUNDS: (Duration, Duration) =
+    (Duration::from_millis(300), Duration::from_secs(3));
+pub const MEASURE_BOUNDS: (Duration, Duration) =
+    (Duration::from_millis(500), Duration::from_secs(3));
+/// Fraction of the channels' time spent waiting for blocks (or for buffers to receive
+/// into) above which the network is not what limits the session: more streams would
+/// not help.
+pub const STARVED: f64 = 0.5;
+/// How long the controller waits for the channels it asked for before it settles for
+/// those it has (the server may refuse more, or opening them may keep failing).
+pub const OPEN_PATIENCE: Duration = Duration::from_secs(10);
+/// Goodput growing by at least this fraction of the growth in streams counts as
+/// proportional: the streams found capacity that nobody used.
+pub const LINEAR: f64 = 0.8;
+/// Decisions kept for the report; older ones are dropped (a long transfer re-probes
+/// every few seconds).
+pub const MAX_HISTORY: usize = 64;
+
+/// What the controller may choose from, fixed at the session's start.
+#[derive(Debug, Clone)]
+pub struct TuneConfig {
+    /// Streams to start with.
+    pub start_streams: u16,
+    /// Bounds of the search (the most is what the server agreed to).
+    pub min_streams: u16,
+    pub max_streams: u16,
+    /// The user fixed the count (`--streams N`): only depth and pacing are decided.
+    pub fixed_streams: bool,
+    pub block_size: u32,
+    /// Blocks per channel the session's memory budget allowed.
+    pub max_depth: u16,
+    /// A declared rate for the whole session (`--rate`), in bits per second.
+    pub rate_bits_per_s: Option<u64>,
+    /// Varies how long each hold lasts (see [`HOLD_EPOCHS`]); any value, best a random
+    /// one per session.
+    pub seed: u64,
+}
+
+/// One look at the session. Counters are cumulative over the session (the caller keeps
+/// the counts of channels that ended); the controller takes differences.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Measurement {
+    /// Time since the session started: the controller has no clock of its own.
+    pub at: Duration,
+    /// Payload bytes moved by all channels.
+    pub bytes: u64,
+    /// Channels up and carrying blocks now.
+    pub streams: u16,
+    /// Smoothed round-trip time of the channels, if known.
+    pub rtt: Option<Duration>,
+    /// Lowest round-trip time seen on the path, if known.
+    pub min_rtt: Option<Duration>,
+    /// TCP segments sent and retransmitted by the channels (0 where not known, as on the
+    /// receiving side of a TCP channel, or over fabric).
+    pub segments_sent: u64,
+    pub segments_retransmitted: u64,
+    /// Microseconds the channels spent waiting for a block to send (or a buffer to
+    /// receive into), summed over channels.
+    pub waited_us: u64,
+}
+
+/// Why the controller chose what it chose.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Reason {
+    /// The starting point, before anything was measured.
+    Start,
+    /// The user fixed the stream count; depth or pacing changed.
+    Fixed,
+    /// Trying more (or fewer) streams to compare.
+    Probe,
+    /// The probed count scored better and is kept.
+    Better,
+    /// The probed count scored no better: back to the best.
+    NoBetter,
+    /// Goodput at an unchanged count moved this much (a fraction): the path changed.
+    PathChanged(f64),
+    /// Loss above [`LOSS_BACKOFF`] (the fraction seen): streams shed.
+    Loss(f64),
+    /// Channels waited for data this fraction of the time: the network is not the
+    /// bottleneck, and no stream is added.
+    Starved(f64),
+    /// Fewer channels came up than asked for within [`OPEN_PATIENCE`].
+    OpenFailed,
+    /// The measured bandwidth-delay product changed the depth needed.
+    Depth,
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::Start => write!(f, "start"),
+            Reason::Fixed => write!(f, "streams fixed by --streams"),
+            Reason::Probe => write!(f, "probing"),
+            Reason::Better => write!(f, "utility improved: kept"),
+            Reason::NoBetter => write!(f, "utility did not improve: back to the best"),
+            Reason::PathChanged(by) => {
+                write!(
+                    f,
+                    "goodput moved {:.0}% at the same streams: path changed",
+                    by * 100.0
+                )
+            }
+            Reason::Loss(rate) => write!(f, "loss {:.2}%: shedding streams", rate * 100.0),
+            Reason::Starved(share) => write!(
+                f,
+                "channels waited for data {:.0}% of the time: not network-bound",
+                share * 100.0
+            ),
+            Reason::OpenFailed => write!(f, "fewer channels opened than asked for"),
+            Reason::Depth => write!(f, "depth follows the measured bandwidth-delay product"),
+        }
+    }
+}
+
+/// What the session should run with from now on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decision {
+    pub at: Duration,
+    pub streams: u16,
+    /// Blocks per channel that cover the measured bandwidth-delay product.
+    pub depth: u16,
+    /// The session's total pacing rate, to spread over its channels; `None` unpaced.
+    pub pacing_bits_per_s: Option<u64>,
+    pub reason: Reason,
+}
+
+/// One measured interval.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reading {
+    pub streams: u16,
+    pub goodput_bits_per_s: f64,
+    pub loss: f64,
+    pub utility: f64,
+    /// Share of the channels' time spent waiting for data.
+    pub starved: f64,
+}
+
+/// The best count found so far, and how it scored.
+#[derive(Debug, Clone, Copy)]
+struct Best {
+    streams: u16,
+    utility: f64,
+    goodput: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    Up,
+    Down,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Phase {
+    /// Measuring the count in place, to have something to compare with; then probing up
+    /// by `step`.
+    Reference { step: u16 },
+    /// Measuring a probed count against the best.
+    Probe { dir: Dir, step: u16 },
+    /// At the best count.
+    Hold { epochs: u32 },
+}
+
+/// The controller. Feed it [`Measurement`]s (a few a second), take its [`Decision`]s.
+#[derive(Debug)]
+pub struct Tuner {
+    cfg: TuneConfig,
+    current: Decision,
+    phase: Phase,
+    best: Option<Best>,
+    /// Counts known to score worse than the best, in this round of probing.
+    upper_bad: Option<u16>,
+    lower_bad: Option<u16>,
+    tried_down: bool,
+    /// No sign of a full path yet (no probe up rejected, no loss): probes up may double.
+    /// Once the path has been full, streams are added one at a time, so that transfers
+    /// sharing it converge rather than take turns doubling.
+    startup: bool,
+    /// Probes made from holding, which alternate up and down.
+    hold_probes: u32,
+    /// Intervals this hold lasts.
+    hold_for: u32,
+    rng: u64,
+    /// When the current count was asked for.
+    since: Duration,
+    /// Where the measured span of this interval started.
+    span_start: Option<Measurement>,
+    last: Option<Measurement>,
+    /// The best goodput seen (bits per second) and the lowest RTT: the path's
+    /// bandwidth-delay product as measured.
+    peak_goodput: f64,
+    min_rtt: Option<Duration>,
+    pending: VecDeque<Decision>,
+    history: VecDeque<Decision>,
+    readings: u64,
+}
+
+impl Tuner {
+    pub fn new(cfg: TuneConfig) -> Tuner {
+        let max = cfg.max_streams.max(1);
+        let min = cfg.min_streams.clamp(1, max);
+        let cfg = TuneConfig {
+            min_streams: min,
+            max_streams: max,
+            start_streams: cfg.start_streams.clamp(min, max),
+            max_depth: cfg.max_depth.max(1),
+            block_size: cfg.block_size.max(1),
+            ..cfg
+        };
+        let current = Decision {
+            at: Duration::ZERO,
+            streams: cfg.start_streams,
+            depth: cfg.max_depth,
+            pacing_bits_per_s: cfg.rate_bits_per_s,
+            reason: if cfg.fixed_streams {
+                Reason::Fixed
+            } else {
+                Reason::Start
+            },
+        };
+        let seed = cfg.seed;
+        let mut tuner = Tuner {
+            cfg,
+            current,
+            phase: Phase::Reference { step: 0 },
+            best: None,
+            upper_bad: None,
+            lower_bad: None,
+            tried_down: false,
+            startup: true,
+            hold_probes: 0,
+            hold_for: HOLD_EPOCHS,
+            rng: seed | 1,
+            since: Duration::ZERO,
+            span_start: None,
+            last: None,
+            peak_goodput: 0.0,
+            min_rtt: None,
+            pending: VecDeque::new(),
+            history: VecDeque::new(),
+            readings: 0,
+        };
+        tuner.record(current);
+        tuner
+    }
+
+    /// What the session should run with now.
+    pub fn current(&self) -> Decision {
+        self.current
+    }
+
+    /// The next decision the caller has not taken yet.
+    pub fn poll_decision(&mut self) -> Option<Decision> {
+        self.pending.pop_front()
+    }
+
+    /// The last [`MAX_HISTORY`] decisions, oldest first.
+    pub fn history(&self) -> impl Iterator<Item = &Decision> {
+        self.history.iter()
+    }
+
+    /// Intervals measured so far.
+    pub fn readings(&self) -> u64 {
+        self.readings
+    }
+
+    /// The path's bandwidth-delay product as measured, in bytes, once known.
+    pub fn measured_bdp(&self) -> Option<u64> {
+        let rtt = self.min_rtt?;
+        (self.peak_goodput > 0.0).then(|| (self.peak_goodput / 8.0 * rtt.as_secs_f64()) as u64)
+    }
+
+    /// Blocks per channel the measured bandwidth-delay product needs, and whether the
+    /// memory budget held it below that.
+    pub fn depth_needed(&self) -> Option<(u64, bool)> {
+        let bdp = self.measured_bdp()?;
+        let per_stream = u64::from(self.current.streams.max(1)) * u64::from(self.cfg.block_size);
+        let needed = bdp.div_ceil(per_stream).max(1);
+        Some((needed, needed > u64::from(self.cfg.max_depth)))
+    }
+
+    /// Takes one look at the session; may queue a decision.
+    pub fn handle_measurement(&mut self, m: Measurement) {
+        if let Some(rtt) = m.min_rtt.or(m.rtt) {
+            self.min_rtt = Some(self.min_rtt.map_or(rtt, |r| r.min(rtt)));
+        }
+        let previous = self.last.replace(m);
+        if previous.is_some_and(|p| m.at < p.at || m.bytes < p.bytes) {
+            // Counters that go back are a caller's bug; start the interval again.
+            self.span_start = None;
+            return;
+        }
+        if m.streams != self.current.streams {
+            // Channels still opening (or one was lost and is being replaced): an
+            // interval with another count than asked for measures nothing useful.
+            self.span_start = None;
+            if m.at.saturating_sub(self.since) > OPEN_PATIENCE
+                && m.streams < self.current.streams
+                && m.streams > 0
+                && !self.cfg.fixed_streams
+            {
+                // The server takes no more (or opening keeps failing): that is the most
+                // this session gets.
+                self.cfg.max_streams = m.streams.max(self.cfg.min_streams);
+                self.best = None;
+                self.phase = Phase::Reference { step: 1 };
+                self.decide(m.at, m.streams, Reason::OpenFailed);
+            }
+            return;
+        }
+        let rtt = m.rtt.or(self.min_rtt).unwrap_or(Duration::ZERO);
+        let settle = (rtt * SETTLE_RTTS).clamp(SETTLE_BOUNDS.0, SETTLE_BOUNDS.1);
+        let span = (rtt * MEASURE_RTTS).clamp(MEASURE_BOUNDS.0, MEASURE_BOUNDS.1);
+        let Some(start) = self.span_start else {
+            if m.at >= self.since + settle {
+                self.span_start = Some(m);
+            }
+            return;
+        };
+        if m.at < start.at + span {
+            return;
+        }
+        self.span_start = Some(m);
+        let reading = reading(&start, &m);
+        self.readings += 1;
+        self.peak_goodput = self.peak_goodput.max(reading.goodput_bits_per_s);
+        self.step(m.at, reading);
+    }
+
+    fn step(&mut self, now: Duration, r: Reading) {
+        if self.cfg.fixed_streams {
+            self.update_depth(now);
+            return;
+        }
+        let n = r.streams;
+        // The first interval holds every stream's slow start, whose overshoot of the
+        // bottleneck's buffer loses packets in a burst that says nothing about the path
+        // (seen through the emulator at 50 ms: 7% of a first interval, then none). It is
+        // still scored, loss and all, so the probe that follows compares fairly.
+        let first = self.readings == 1;
+        if r.loss > LOSS_BACKOFF && n > self.cfg.min_streams && !first {
+            let shed = (n / 4).max(1);
+            self.upper_bad = Some(n);
+            self.best = None;
+            self.startup = false;
+            // The path is full: from here streams are added one at a time.
+            self.phase = Phase::Reference { step: 1 };
+            self.decide(now, n - shed, Reason::Loss(r.loss));
+            return;
+        }
+        match self.phase {
+            Phase::Reference { step } => {
+                self.best = Some(Best {
+                    streams: n,
+                    utility: r.utility,
+                    goodput: r.goodput_bits_per_s,
+                });
+                self.tried_down = false;
+                let step = if step == 0 { n.max(1) } else { step };
+                self.start_probe(now, Dir::Up, step, r);
+            }
+            Phase::Probe { dir, step } => {
+                let best = self.best.expect("a probe has a best to compare with");
+                let better = match dir {
+                    Dir::Up => r.utility > best.utility * (1.0 + GAIN),
+                    // Fewer streams for about as much is better (see [`KEEP_FEWER`]).
+                    Dir::Down => r.utility >= best.utility * (1.0 - KEEP_FEWER),
+                };
+                if better {
+                    let step = match dir {
+                        // Goodput that grew about in proportion to the streams found
+                        // capacity nobody used: keep doubling. Less than that means the
+                        // streams now share a full bottleneck (with others, perhaps):
+                        // from here one at a time, so that transfers competing there
+                        // converge (additive increase, multiplicative decrease).
+                        Dir::Up => {
+                            let gained = r.goodput_bits_per_s / best.goodput.max(1.0);
+                            let added = f64::from(n) / f64::from(best.streams.max(1));
+                            if self.startup && gained >= LINEAR * added {
+                                step.saturating_mul(2)
+                            } else {
+                                1
+                            }
+                        }
+                        Dir::Down => shed_step(n),
+                    };
+                    self.best = Some(Best {
+                        streams: n,
+                        utility: r.utility,
+                        goodput: r.goodput_bits_per_s,
+                    });
+                    if !self.probe(now, dir, step, Reason::Better) {
+                        self.next_direction(now, dir, r, Reason::Better);
+                    }
+                    return;
+                }
+                match dir {
+                    Dir::Up => {
+                        self.upper_bad = Some(n);
+                        self.startup = false;
+                    }
+                    Dir::Down => self.lower_bad = Some(n),
+                }
+                if step > 1 && self.probe(now, dir, 1, Reason::NoBetter) {
+                    // A smaller step in the same direction, between the best and the
+                    // count just found worse.
+                    return;
+                }
+                self.next_direction(now, dir, r, Reason::NoBetter);
+            }
+            Phase::Hold { epochs } => {
+                let Some(best) = self.best.as_mut() else {
+                    self.phase = Phase::Reference { step: 1 };
+                    return;
+                };
+                let moved = (r.goodput_bits_per_s - best.goodput) / best.goodput.max(1.0);
+                if moved.abs() > PATH_CHANGE {
+                    // Start over from here: the old scores describe another path.
+                    self.upper_bad = None;
+                    self.lower_bad = None;
+                    *best = Best {
+                        streams: n,
+                        utility: r.utility,
+                        goodput: r.goodput_bits_per_s,
+                    };
+                    self.tried_down = false;
+                    let dir = if moved < 0.0 { Dir::Down } else { Dir::Up };
+                    // More goodput at the same count: capacity appeared (the path got
+                    // faster, or a competitor left), which doubling may find quickly.
+                    self.startup = dir == Dir::Up;
+                    self.tried_down = dir == Dir::Down;
+                    let step = if dir == Dir::Down { shed_step(n) } else { 1 };
+                    if !self.probe(now, dir, step, Reason::PathChanged(moved.abs())) {
+                        let other = if dir == Dir::Up { Dir::Down } else { Dir::Up };
+                        if !self.probe(now, other, 1, Reason::PathChanged(moved.abs())) {
+                            self.phase = Phase::Hold { epochs: 0 };
+                        }
+                    }
+                    return;
+                }
+                // Readings of the same count are averaged, so that one lucky interval
+                // does not set the bar for every later probe.
+                best.utility = 0.5 * (best.utility + r.utility);
+                best.goodput = 0.5 * (best.goodput + r.goodput_bits_per_s);
+                if epochs + 1 >= self.hold_for {
+                    // One stream more, and next time one fewer: a single step either
+                    // way, back to the best at once if it is no better, so that holding
+                    // costs little.
+                    self.upper_bad = None;
+                    self.lower_bad = None;
+                    self.tried_down = true;
+                    self.hold_probes += 1;
+                    self.hold_for = self.next_hold();
+                    if self.hold_probes % 2 == 1 {
+                        self.start_probe(now, Dir::Up, 1, r);
+                    } else if !self.probe(now, Dir::Down, 1, Reason::Probe) {
+                        self.hold(now, Reason::Probe);
+                    }
+                } else {
+                    self.phase = Phase::Hold { epochs: epochs + 1 };
+                    self.update_depth(now);
+                }
+            }
+        }
+    }
+
+    /// Probes `dir` from the best, unless more streams cannot help (channels starved).
+    fn start_probe(&mut self, now: Duration, dir: Dir, step: u16, r: Reading) {
+        if dir == Dir::Up && r.starved > STARVED {
+            self.tried_down = true;
+            if !self.probe(now, Dir::Down, 1, Reason::Starved(r.starved)) {
+                self.hold(now, Reason::Starved(r.starved));
+            }
+            return;
+        }
+        if !self.probe(now, dir, step, Reason::Probe) {
+            self.next_direction(now, dir, r, Reason::Probe);
+        }
+    }
+
+    /// After `dir` is exhausted: down once, if not tried yet in this round, else hold.
+    fn next_direction(&mut self, now: Duration, dir: Dir, r: Reading, why: Reason) {
+        if dir == Dir::Up && !self.tried_down {
+            self.tried_down = true;
+            let from = self.best.map_or(self.current.streams, |b| b.streams);
+            if self.probe(now, Dir::Down, shed_step(from), why) {
+                return;
+            }
+        }
+        let _ = r;
+        self.hold(now, why);
+    }
+
+    /// [`HOLD_EPOCHS`] give or take one, at random: two transfers at one bottleneck with
+    /// the same round trip would otherwise probe in step, each taking the other's probe
+    /// for the effect of its own.
+    fn next_hold(&mut self) -> u32 {
+        // xorshift64: no dependency, and plenty for a choice among three.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        HOLD_EPOCHS - 1 + (self.rng % 3) as u32
+    }
+
+    fn hold(&mut self, now: Duration, why: Reason) {
+        self.phase = Phase::Hold { epochs: 0 };
+        let streams = self.best.map_or(self.current.streams, |b| b.streams);
+        self.decide(now, streams, why);
+    }
+
+    /// Moves to best ± `step` (within the bounds known bad); false if that is where it
+    /// already is.
+    fn probe(&mut self, now: Duration, dir: Dir, step: u16, why: Reason) -> bool {
+        let from = self.best.map_or(self.current.streams, |b| b.streams);
+        let target = match dir {
+            Dir::Up => {
+                let cap = self
+                    .upper_bad
+                    .map_or(self.cfg.max_streams, |bad| bad.saturating_sub(1))
+                    .min(self.cfg.max_streams);
+                from.saturating_add(step).min(cap)
+            }
+            Dir::Down => {
+                let floor = self
+                    .lower_bad
+                    .map_or(self.cfg.min_streams, |bad| bad.saturating_add(1))
+                    .max(self.cfg.min_streams);
+                from.saturating_sub(step).max(floor)
+            }
+        };
+        let moves = match dir {
+            Dir::Up => target > from,
+            Dir::Down => target < from,
+        };
+        if !moves {
+            return false;
+        }
+        self.phase = Phase::Probe { dir, step };
+        self.decide(now, target, why);
+        true
+    }
+
+    fn update_depth(&mut self, now: Duration) {
+        let depth = self.depth();
+        if depth != self.current.depth {
+            let why = if self.cfg.fixed_streams {
+                Reason::Fixed
+            } else {
+                Reason::Depth
+            };
+            let streams = self.current.streams;
+            self.decide(now, streams, why);
+        }
+    }
+
+    fn depth(&self) -> u16 {
+        match self.depth_needed() {
+            Some((needed, _)) => needed.min(u64::from(self.cfg.max_depth)) as u16,
+            None => self.current.depth,
+        }
+    }
+
+    fn decide(&mut self, now: Duration, streams: u16, reason: Reason) {
+        let streams = if self.cfg.fixed_streams {
+            self.current.streams
+        } else {
+            streams.clamp(self.cfg.min_streams, self.cfg.max_streams)
+        };
+        if streams != self.current.streams {
+            self.since = now;
+            self.span_start = None;
+        }
+        let decision = Decision {
+            at: now,
+            streams,
+            depth: self.depth(),
+            pacing_bits_per_s: self.cfg.rate_bits_per_s,
+            reason,
+        };
+        if decision.streams == self.current.streams
+            && decision.depth == self.current.depth
+            && decision.pacing_bits_per_s == self.current.pacing_bits_per_s
+        {
+            // Nothing changes for the caller; the phase moved on all the same.
+            self.current.reason = reason;
+            return;
+        }
+        self.current = decision;
+        self.pending.push_back(decision);
+        // The caller takes them as they come; a caller that never does keeps the last
+        // few, not every one since the start.
+        while self.pending.len() > MAX_HISTORY {
+            self.pending.pop_front();
+        }
+        self.record(decision);
+    }
+
+    fn record(&mut self, decision: Decision) {
+        self.history.push_back(decision);
+        while self.history.len() > MAX_HISTORY {
+            self.history.pop_front();
+        }
+    }
+}
+
+/// Streams one step down sheds from `n`: a quarter, so that a count far too high comes
+/// down in a few intervals and a small one by single streams.
+fn shed_step(n: u16) -> u16 {
+    (n / 4).max(1)
+}
+
+/// Goodput, loss and utility over the span between two measurements.
+pub fn reading(from: &Measurement, to: &Measurement) -> Reading {
+    let seconds = to.at.saturating_sub(from.at).as_secs_f64().max(1e-6);
+    let goodput = to.bytes.saturating_sub(from.bytes) as f64 * 8.0 / seconds;
+    let sent = to.segments_sent.saturating_sub(from.segments_sent);
+    let lost = to
+        .segments_retransmitted
+        .saturating_sub(from.segments_retransmitted);
+    let loss = if sent == 0 {
+        0.0
+    } else {
+        (lost as f64 / sent as f64).min(1.0)
+    };
+    let streams = to.streams;
+    let channel_us = seconds * 1e6 * f64::from(streams.max(1));
+    let starved = (to.waited_us.saturating_sub(from.waited_us) as f64 / channel_us).min(1.0);
+    Reading {
+        streams,
+        goodput_bits_per_s: goodput,
+        loss,
+        utility: utility(goodput, streams, loss),
+        starved,
+    }
+}
+
+/// Falcon's utility of `streams` moving `goodput` with a loss rate of `loss`.
+pub fn utility(goodput: f64, streams: u16, loss: f64) -> f64 {
+    goodput * STREAM_DISCOUNT.powi(-i32::from(streams)) - LOSS_WEIGHT * goodput * loss
+}
+
+#[cfg(test)]
+mod tests;
