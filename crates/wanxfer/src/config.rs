@@ -675,7 +675,10 @@ mod tests {
         let readme =
             std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
                 .unwrap();
-        let (_, rest) = readme.split_once("```toml\n").expect("a TOML example");
+        let (_, section) = readme
+            .split_once("### Server configuration")
+            .expect("the README's configuration section");
+        let (_, rest) = section.split_once("```toml\n").expect("a TOML example");
         let (example, _) = rest.split_once("```").unwrap();
         let file = file_with(example);
         let settings = read(file.path()).unwrap_or_else(|p| panic!("{p:#?}"));
