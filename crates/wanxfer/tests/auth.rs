@@ -422,9 +422,17 @@ fn bad_tokens_are_refused_and_touch_nothing() {
         .unwrap()
         .as_secs();
     let mut tampered = fs::read_to_string(pki.token(serde_json::json!({}))).unwrap();
-    // The last signature character changed: the claims are intact, the signature not.
-    let last = tampered.pop().unwrap();
-    tampered.push(if last == 'A' { 'B' } else { 'A' });
+    // One signature character changed: the claims are intact, the signature not. Not the
+    // last one, whose low bits are padding (changing them can make invalid base64, a
+    // different refusal), but one in the middle, which carries six bits of signature.
+    let token = tampered.trim_end().to_string();
+    let at = token.rfind('.').unwrap() + (token.len() - token.rfind('.').unwrap()) / 2;
+    let flipped = if token.as_bytes()[at] == b'A' {
+        "B"
+    } else {
+        "A"
+    };
+    tampered = format!("{}{flipped}{}", &token[..at], &token[at + 1..]);
     let tampered_file = pki.path("tampered");
     fs::write(&tampered_file, tampered).unwrap();
     let unknown = pki.token(serde_json::json!({"iss": "https://elsewhere.example"}));
