@@ -323,6 +323,9 @@ fn a_file_the_server_cannot_create_fails_alone() {
         .assert_stderr_mentions("1 file failed")
         .assert_stderr_mentions("locked/refused")
         .assert_stderr_mentions("Operation not permitted");
+    // What the server says names the file relative to what it serves, never where that is.
+    let served = root.display().to_string();
+    assert!(!run.stderr.contains(&served), "{}", run.stderr);
     for name in ["free/lands", "free/small"] {
         assert_eq!(
             fs::read(root.join("copy").join(name)).unwrap(),
@@ -379,6 +382,8 @@ fn a_file_where_a_directory_must_go_fails_its_files_alone_both_ways() {
     // The directory and the hundred files under it.
     assert_eq!(json["failed_files"], 101, "{json}");
     assert!(json["failed"].to_string().contains("d07"), "{json}");
+    let served = site.root().display().to_string();
+    assert!(!json.to_string().contains(&served), "{json}");
     assert_rest_landed(&src, &dest);
     // Pull: this side cannot make d07; exit 7 (local I/O).
     let served = site.root().join("served");

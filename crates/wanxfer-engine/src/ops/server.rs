@@ -123,7 +123,12 @@ fn execute(served: &Served<'_>, request: &OpRequest, control: &mut Control) -> R
 /// An error as the client may see it: beneath an export, paths relative to it and
 /// prefixed with its name, never the server's directories.
 pub(crate) fn relative(exports: &Exports, e: &Error) -> String {
-    let mut text = e.to_string();
+    relative_text(exports, &e.to_string())
+}
+
+/// [`relative`] for any text this server sends.
+pub(crate) fn relative_text(exports: &Exports, text: &str) -> String {
+    let mut text = text.to_string();
     for export in exports.iter() {
         let root = export.root.path().display().to_string();
         let (inside, itself) = if export.name.is_empty() {

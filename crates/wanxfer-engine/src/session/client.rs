@@ -544,6 +544,7 @@ fn run_once(
         cancel: Cancel::linked(&[&cfg.cancel]),
         opener: Some(opener),
         stats: None,
+        shown: None,
     };
     let events = crossbeam_channel::bounded(super::driver::EVENT_QUEUE);
     let report_to = events.0.clone();

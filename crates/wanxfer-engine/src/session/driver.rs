@@ -125,7 +125,15 @@ pub struct Setup {
     pub opener: Option<Opener>,
     /// Server: the numbers it reports at the end, filled in when the client asks.
     pub stats: Option<StatsFn>,
+    /// Server: how a text it sends (a file's failure, the session's error) is shown to
+    /// the client. Errors are made where the paths are opened, naming the server's own
+    /// directories; this is the one place they leave, so this is where they are cut
+    /// back to paths relative to the export.
+    pub shown: Option<ShownFn>,
 }
+
+/// See [`Setup::shown`].
+pub type ShownFn = Box<dyn Fn(&str) -> String + Send>;
 
 /// How a server makes its closing numbers from what its side did.
 pub type StatsFn = Box<dyn Fn(&Outcome, &Progress) -> Stats + Send>;
@@ -668,8 +676,8 @@ impl Driver {
                 }
                 other => other.to_string(),
             };
-            self.writer
-                .push(&Message::Error(ErrorMsg::new(error.wire_class(), &text)));
+            let msg = self.shown(Message::Error(ErrorMsg::new(error.wire_class(), &text)));
+            self.writer.push(&msg);
         }
         self.writer.close(Duration::from_secs(1));
         self.wind_down();
@@ -696,10 +704,36 @@ impl Driver {
         }
     }
 
+    /// `msg` as the peer may see it (see [`Setup::shown`]).
+    fn shown(&self, msg: Message) -> Message {
+        let Some(shown) = &self.setup.shown else {
+            return msg;
+        };
+        let cut = |text: &[u8]| {
+            let text = shown(&String::from_utf8_lossy(text));
+            // Only for its length limit: the class stays the message's own.
+            ErrorMsg::new(FailureClass::Internal, &text).message
+        };
+        match msg {
+            Message::FileFailed(mut f) => {
+                f.message = cut(&f.message);
+                Message::FileFailed(f)
+            }
+            Message::Error(mut e) => {
+                e.message = cut(&e.message);
+                Message::Error(e)
+            }
+            other => other,
+        }
+    }
+
     fn flush_transmit(&mut self, mut next: impl FnMut() -> Option<Message>) -> bool {
         while self.writer.has_room() {
             match next() {
-                Some(msg) => self.writer.push(&msg),
+                Some(msg) => {
+                    let msg = self.shown(msg);
+                    self.writer.push(&msg)
+                }
                 None => break,
             }
             // Hand over in bounded chunks.

@@ -1258,6 +1258,10 @@ impl Connection {
                     io_fallback: io.fallback.unwrap_or_default().into_bytes(),
                 }
             })),
+            shown: Some({
+                let shared = self.shared.clone();
+                Box::new(move |text: &str| crate::ops::server::relative_text(&shared.exports, text))
+            }),
         };
         let driver = Driver::new(setup, &stream, events)?;
         let outcome = match (role, sink) {
