@@ -22,7 +22,7 @@ fn rel(s: &str) -> RelPath {
 /// A server on loopback serving a fresh directory, left running for the test's life.
 fn serve(limits: ServerLimits) -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::bind("127.0.0.1:0", dir.path(), SECRET.to_vec(), limits).unwrap();
+    let server = Server::bind("127.0.0.1:0", dir.path(), Some(SECRET.to_vec()), limits).unwrap();
     let addr = server.local_addr().unwrap().to_string();
     std::thread::spawn(move || server.serve(&Cancel::default()));
     (dir, addr)

@@ -68,7 +68,7 @@ fn site() -> (tempfile::TempDir, PathBuf, String) {
     let server = Server::bind(
         "127.0.0.1:0",
         &root,
-        SECRET.as_bytes().to_vec(),
+        Some(SECRET.as_bytes().to_vec()),
         ServerLimits::default(),
     )
     .expect("bind a loopback server");

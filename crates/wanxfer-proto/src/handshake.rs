@@ -107,6 +107,13 @@ pub enum HandshakeError {
     /// The client offered a credential to a server that takes only the shared secret.
     #[error("the server accepts only the shared secret, not tokens or certificates")]
     NoCredentials,
+    /// The client proved the shared secret to a server that has none: its exports name
+    /// only tokens and certificates.
+    #[error(
+        "the server takes no shared secret: authenticate with a bearer token (--token) or \
+         a client certificate (--cert and --key)"
+    )]
+    NoSecret,
 }
 
 /// What a side does next.
@@ -409,7 +416,8 @@ impl ClientHandshake {
 
 /// The server side of a control connection.
 pub struct ServerHandshake {
-    secret: Vec<u8>,
+    /// `None`: this server takes no shared secret, only credentials.
+    secret: Option<Vec<u8>>,
     server_nonce: [u8; 32],
     features: u64,
     binding: Binding,
@@ -424,8 +432,14 @@ enum ServerState {
 
 impl ServerHandshake {
     pub fn new(secret: &[u8], server_nonce: [u8; 32], features: u64) -> Self {
+        Self::with_secret(Some(secret), server_nonce, features)
+    }
+
+    /// [`ServerHandshake::new`] for a server that may have no shared secret, so that
+    /// only clients with a credential (a token, a certificate) get in.
+    pub fn with_secret(secret: Option<&[u8]>, server_nonce: [u8; 32], features: u64) -> Self {
         ServerHandshake {
-            secret: secret.to_vec(),
+            secret: secret.map(<[u8]>::to_vec),
             server_nonce,
             features,
             binding: NO_BINDING,
@@ -463,9 +477,11 @@ impl ServerHandshake {
                     }
                     // From here on the proofs are keyed by the binding alone; who the
                     // client is, the credential that follows says.
-                    self.secret = CREDENTIAL_KEY.to_vec();
+                    self.secret = Some(CREDENTIAL_KEY.to_vec());
                 }
-                let secret = self.secret.clone();
+                let Some(secret) = self.secret.clone() else {
+                    return Err(HandshakeError::NoSecret);
+                };
                 self.check_proof(&secret, &given)
             }
             _ => Err(HandshakeError::Unexpected("message")),
@@ -797,6 +813,35 @@ mod tests {
             credential_run([3; 32], [5; 32], both).unwrap_err(),
             HandshakeError::BadProof
         );
+    }
+
+    /// A server without a shared secret lets credential clients in and tells a secret
+    /// client why it may not, rather than that its secret is wrong.
+    #[test]
+    fn a_server_without_a_secret_takes_credentials_only() {
+        let both = features::SUPPORTED | features::CREDENTIAL;
+        let mut c = ClientHandshake::new(b"", [1; 32], features::SUPPORTED)
+            .with_binding([3; 32])
+            .with_credential();
+        let mut s = ServerHandshake::with_secret(None, [2; 32], both);
+        s.set_binding([3; 32]);
+        let Ok(Step::Send(proof)) = c.handle(s.hello()) else {
+            panic!("client sends proof")
+        };
+        s.handle(c.hello()).unwrap();
+        assert!(matches!(s.handle(proof), Ok(Step::SendAndDone(..))));
+
+        for secret in [&b""[..], b"any secret at all"] {
+            let mut c =
+                ClientHandshake::new(secret, [1; 32], features::SUPPORTED).with_binding([3; 32]);
+            let mut s = ServerHandshake::with_secret(None, [2; 32], both);
+            s.set_binding([3; 32]);
+            let Ok(Step::Send(proof)) = c.handle(s.hello()) else {
+                panic!("client sends proof")
+            };
+            s.handle(c.hello()).unwrap();
+            assert_eq!(s.handle(proof), Err(HandshakeError::NoSecret));
+        }
     }
 
     #[test]

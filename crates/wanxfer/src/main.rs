@@ -16,6 +16,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use wanxfer_engine::auth::Grant;
 use wanxfer_engine::pool::Cancel;
 use wanxfer_engine::progress::Progress;
 use wanxfer_engine::session::{run_client, Server};
@@ -169,7 +170,17 @@ fn serve(args: ServeArgs) -> Result<(), Error> {
         (Some(first), None) => first.as_path(),
         (None, _) => args.root()?,
     };
-    let secret = secret::for_server(args.secret_file.as_deref())?;
+    // A server whose exports all name tokens or certificates has no use for a secret:
+    // it needs none, and clients proving one are told so.
+    let wants_secret = tables.exports.is_empty()
+        || tables
+            .exports
+            .iter()
+            .any(|e| e.read.iter().chain(&e.write).any(|g| *g == Grant::Secret));
+    let secret = match (wants_secret, &args.secret_file) {
+        (false, None) => secret::from_env().transpose()?,
+        _ => Some(secret::for_server(args.secret_file.as_deref())?),
+    };
     let mut limits = args.limits(root);
     if let Some((cert, key)) = args.identity.pair()? {
         limits.identity = Some(wanxfer_engine::tls::ServerIdentity::from_files(

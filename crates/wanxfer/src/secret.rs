@@ -12,7 +12,8 @@ use std::io::{ErrorKind, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use wanxfer_engine::secret::{from_env, read_file, SECRET_ENV as ENV};
+pub use wanxfer_engine::secret::from_env;
+use wanxfer_engine::secret::{read_file, SECRET_ENV as ENV};
 use wanxfer_engine::session::ClientCredential;
 use wanxfer_engine::Error;
 use wanxfer_proto::MAX_TOKEN_BYTES;

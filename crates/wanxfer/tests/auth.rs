@@ -230,6 +230,17 @@ write = ["dn:CN=alice"]
         fs::write(&file, text).unwrap();
         file
     }
+
+    /// [`Pki::config`] without the one export that lists `secret`.
+    fn config_without_secret(&self) -> PathBuf {
+        let text = fs::read_to_string(self.config()).unwrap();
+        let (before, pub_export) = text.split_once("[[export]]\nname = \"pub\"").unwrap();
+        let (_, after) = pub_export.split_once("\n\n").unwrap();
+        assert!(!after.contains("\"secret\""), "{after}");
+        let file = self.path("wanxfer-no-secret.toml");
+        fs::write(&file, format!("{before}{after}")).unwrap();
+        file
+    }
 }
 
 fn rand_name() -> String {
@@ -248,14 +259,22 @@ struct Served {
 
 impl Served {
     fn start(pki: &Pki) -> Served {
+        Served::start_with(pki, &pki.config(), Some(SECRET))
+    }
+
+    fn start_with(pki: &Pki, config: &Path, secret: Option<&str>) -> Served {
         let log = pki.path(&format!("serve-{}.log", rand_name()));
         let state = pki.path(&format!("server-state-{}", rand_name()));
-        let mut child = Command::new(wanxfer_bin())
+        let mut cmd = Command::new(wanxfer_bin());
+        match secret {
+            Some(secret) => cmd.env("WANXFER_SECRET", secret),
+            None => cmd.env_remove("WANXFER_SECRET"),
+        };
+        let mut child = cmd
             .args(["serve", "--config"])
-            .arg(pki.config())
+            .arg(config)
             .arg("--state-dir")
             .arg(&state)
-            .env("WANXFER_SECRET", SECRET)
             .env("WANXFER_STATE_DIR", state_dir())
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
@@ -517,6 +536,40 @@ fn bad_tokens_are_refused_and_touch_nothing() {
     let r = Run::from_cmd(cmd);
     r.assert_code(3);
     assert!(r.stderr.contains("not pinned yet"), "{}", r.stderr);
+    assert_eq!(tree(&pki.path("data")), before);
+}
+
+/// A server whose exports name only tokens and certificates starts without a secret. A
+/// token works; a client proving a secret is told the server takes none, exit 3.
+#[test]
+fn a_server_without_a_secret_takes_only_credentials() {
+    let pki = Pki::new();
+    let server = Served::start_with(&pki, &pki.config_without_secret(), None);
+    let src = pki.path("src.bin");
+    common::write_pattern(&src, 1 << 20, 9);
+    let token = pki.token(serde_json::json!({}));
+    let url = server.url("data/no-secret.bin");
+    run(
+        &pki,
+        "cp",
+        &with_token(&token, &[src.as_os_str(), os(&url)]),
+    )
+    .assert_ok();
+    assert_eq!(
+        fs::read(pki.path("data/no-secret.bin")).unwrap(),
+        fs::read(&src).unwrap()
+    );
+    let before = tree(&pki.path("data"));
+    let mut cmd = Command::new(wanxfer_bin());
+    cmd.args(["cp", "--quiet", "--ca"])
+        .arg(pki.path("ca.pem"))
+        .arg(&src)
+        .arg(server.url("data/by-secret.bin"))
+        .env("WANXFER_SECRET", SECRET)
+        .env("WANXFER_STATE_DIR", state_dir());
+    Run::from_cmd(cmd)
+        .assert_code(3)
+        .assert_stderr_mentions("takes no shared secret");
     assert_eq!(tree(&pki.path("data")), before);
 }
 

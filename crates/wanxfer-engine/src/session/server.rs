@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use wanxfer_proto::handshake::{Authenticated, ServerHandshake, Side, Step};
+use wanxfer_proto::handshake::{Authenticated, HandshakeError, ServerHandshake, Side, Step};
 use wanxfer_proto::{
     features, session_flags, ConnectionKind, Direction, ErrorMsg, FabricEndpoint, FailureClass,
     Message, OpenSession, Preamble, Stats, TransportKind,
@@ -292,7 +292,8 @@ pub struct Server {
 struct Shared {
     exports: Exports,
     issuers: Issuers,
-    secret: Vec<u8>,
+    /// `None`: no export names `secret`; only tokens and certificates get in.
+    secret: Option<Vec<u8>>,
     tls: Arc<rustls::ServerConfig>,
     identity: ServerIdentity,
     limits: ServerLimits,
@@ -379,11 +380,11 @@ impl crate::ops::server::ThirdParty for Shared {
 
 impl Server {
     /// A server of `root`, or of `limits.exports` when there are any (`root` is then
-    /// unused).
+    /// unused). Without a `secret`, only clients with a credential are let in.
     pub fn bind(
         addr: &str,
         root: &Path,
-        secret: Vec<u8>,
+        secret: Option<Vec<u8>>,
         limits: ServerLimits,
     ) -> Result<Server, Error> {
         let exports = if limits.exports.is_empty() {
@@ -585,7 +586,8 @@ impl Connection {
         conn::tune_socket(&tcp, limits.stall_timeout);
         let deadline = Deadline::after(limits.handshake_timeout);
         let result = random().and_then(|nonce| {
-            let mut handshake = ServerHandshake::new(&self.shared.secret, nonce, self.features());
+            let mut handshake =
+                ServerHandshake::with_secret(self.shared.secret.as_deref(), nonce, self.features());
             let greeting = conn::greeting(&handshake.hello());
             let mut stream = self.secure(tcp, &greeting, deadline)?;
             handshake.set_binding(stream.binding());
@@ -774,10 +776,14 @@ impl Connection {
                 }
                 Ok(Step::Done(auth)) => break auth,
                 Err(e) => {
-                    if e == wanxfer_proto::handshake::HandshakeError::BadProof {
+                    if e == HandshakeError::BadProof {
                         self.shared.failures.record(self.ip);
                     }
                     let refusal = match grant {
+                        // Nothing to guess here: saying so helps the client and no one else.
+                        None if e == HandshakeError::NoSecret => {
+                            Message::Error(ErrorMsg::new(FailureClass::Auth, &e.to_string()))
+                        }
                         None => ServerHandshake::auth_failed(),
                         Some(_) => Message::Error(ErrorMsg::new(FailureClass::Auth, GRANT_REFUSED)),
                     };
