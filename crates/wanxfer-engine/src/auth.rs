@@ -12,7 +12,9 @@
 //! against `--client-ca`. An export lists, for reading and for writing, which identities
 //! it admits; a token is further limited by its scopes (`storage.read:/path`,
 //! `storage.create:/path`, `storage.modify:/path`), whose paths are taken relative to the
-//! export and cover a path and everything beneath it.
+//! export and cover a path and everything beneath it. A list may instead name a token's
+//! subject: the WLCG profile's identity-based authorization, for groups whose tokens
+//! carry no storage scopes.
 //!
 //! What this does not do: fetch keys from the network (an issuer's JWKS is a file the
 //! operator refreshes), revoke tokens (they are short-lived by design), or map identities
@@ -158,6 +160,10 @@ pub enum Grant {
     Secret,
     /// `token:ISSUER`: tokens from this issuer, within their scopes.
     Token { issuer: String },
+    /// `token:ISSUER#SUBJECT`: tokens of this issuer for this `sub` (an issuer URL has no
+    /// fragment, so `#` cannot be part of it). Identity-based, as the WLCG profile allows:
+    /// the list decides, and the token's storage scopes limit it only if it has any.
+    TokenSubject { issuer: String, subject: String },
     /// `dn:SUBJECT`: a client certificate with exactly this subject DN.
     Subject { dn: String },
     /// `dn:*`: any client certificate `--client-ca` vouches for.
@@ -168,13 +174,25 @@ impl Grant {
     pub fn parse(text: &str) -> Result<Grant, String> {
         match text.split_once(':') {
             _ if text == "secret" => Ok(Grant::Secret),
-            Some(("token", issuer)) if !issuer.is_empty() => Ok(Grant::Token {
-                issuer: issuer.to_string(),
-            }),
+            Some(("token", named)) => match named.split_once('#') {
+                Some((issuer, subject)) if !issuer.is_empty() && !subject.is_empty() => {
+                    Ok(Grant::TokenSubject {
+                        issuer: issuer.to_string(),
+                        subject: subject.to_string(),
+                    })
+                }
+                None if !named.is_empty() => Ok(Grant::Token {
+                    issuer: named.to_string(),
+                }),
+                _ => Err(format!(
+                    "`{text}`: a token identity is `token:ISSUER` or `token:ISSUER#SUBJECT`"
+                )),
+            },
             Some(("dn", "*")) => Ok(Grant::AnyCertificate),
             Some(("dn", dn)) if !dn.is_empty() => Ok(Grant::Subject { dn: dn.to_string() }),
             _ => Err(format!(
-                "`{text}`: an identity is `secret`, `token:ISSUER`, `dn:SUBJECT DN` or `dn:*`"
+                "`{text}`: an identity is `secret`, `token:ISSUER`, `token:ISSUER#SUBJECT`, \
+                 `dn:SUBJECT DN` or `dn:*`"
             )),
         }
     }
@@ -183,6 +201,9 @@ impl Grant {
         match (self, identity) {
             (Grant::Secret, Identity::Secret) => true,
             (Grant::Token { issuer }, Identity::Token(t)) => *issuer == t.issuer,
+            (Grant::TokenSubject { issuer, subject }, Identity::Token(t)) => {
+                *issuer == t.issuer && *subject == t.subject
+            }
             (Grant::Subject { dn }, Identity::Certificate { subject }) => dn == subject,
             (Grant::AnyCertificate, Identity::Certificate { .. }) => true,
             _ => false,
@@ -328,14 +349,18 @@ pub fn authorize(
         path: export.show(path),
         reason,
     };
-    if !grants.iter().any(|g| g.admits(identity)) {
+    let mut admitted = grants.iter().filter(|g| g.admits(identity)).peekable();
+    if admitted.peek().is_none() {
         let what = if access.is_write() { "write" } else { "read" };
         return Err(denied(format!(
             "{identity} may not {what} here (not in the export's `{what}` list)"
         )));
     }
+    let by_subject = admitted.any(|g| matches!(g, Grant::TokenSubject { .. }));
     if let Identity::Token(token) = identity {
-        if !token.scopes.iter().any(|s| s.grants(path, access)) {
+        // A subject the list names needs no scope; one the token carries still binds.
+        let scoped = !(by_subject && token.scopes.is_empty());
+        if scoped && !token.scopes.iter().any(|s| s.grants(path, access)) {
             let shown = format!("/{path}");
             return Err(denied(format!(
                 "the token has no scope storage.{access}:{} or above it",
@@ -639,6 +664,30 @@ mod tests {
     }
 
     #[test]
+    fn a_token_subject_named_in_a_list_needs_no_scope_but_keeps_any_it_has() {
+        let (_d, e) = export(
+            &["token:https://iss"],
+            &["token:https://iss#alice", "token:https://iss#carol"],
+        );
+        let unscoped = token("");
+        assert!(authorize(&unscoped, &e, &rel("in/a"), Access::Modify).is_ok());
+        // Reading goes by the read list, which names the issuer only: scopes needed.
+        assert!(authorize(&unscoped, &e, &rel("in/a"), Access::Read).is_err());
+        let scoped = token("storage.create:/in");
+        assert!(authorize(&scoped, &e, &rel("in/a"), Access::Create).is_ok());
+        assert!(authorize(&scoped, &e, &rel("out/a"), Access::Create).is_err());
+        let bob = Identity::Token(Token {
+            issuer: "https://iss".into(),
+            subject: "bob".into(),
+            scopes: Vec::new(),
+        });
+        let refused = authorize(&bob, &e, &rel("in/a"), Access::Create).unwrap_err();
+        assert!(refused.to_string().contains("sub=bob"), "{refused}");
+        let (_d2, other) = export(&[], &["token:https://elsewhere#alice"]);
+        assert!(authorize(&unscoped, &other, &rel("a"), Access::Create).is_err());
+    }
+
+    #[test]
     fn identities_are_written_as_configured() {
         assert_eq!(Grant::parse("secret").unwrap(), Grant::Secret);
         assert_eq!(
@@ -648,6 +697,15 @@ mod tests {
             }
         );
         assert!(Grant::parse("token:").is_err());
+        assert_eq!(
+            Grant::parse("token:https://iss/wlcg#a1b2").unwrap(),
+            Grant::TokenSubject {
+                issuer: "https://iss/wlcg".into(),
+                subject: "a1b2".into()
+            }
+        );
+        assert!(Grant::parse("token:https://iss#").is_err());
+        assert!(Grant::parse("token:#alice").is_err());
         assert!(Grant::parse("user:bob").is_err());
     }
 }

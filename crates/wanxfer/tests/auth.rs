@@ -129,7 +129,7 @@ impl Pki {
         assert!(converted.status.success(), "{converted:?}");
         let rsa_key = jsonwebtoken::EncodingKey::from_rsa_der(&fs::read(&rsa_der).unwrap());
 
-        for export in ["data", "pub", "certs"] {
+        for export in ["data", "pub", "certs", "team"] {
             fs::create_dir_all(at(export)).unwrap();
         }
         Pki {
@@ -216,6 +216,11 @@ name = "certs"
 path = "{certs}"
 read = ["dn:*"]
 write = ["dn:CN=alice"]
+
+[[export]]
+name = "team"
+path = "{team}"
+write = ["token:{ISSUER}#carol"]
 "#,
             server_pem = self.path("server.pem").display(),
             server_key = self.path("server.key").display(),
@@ -225,6 +230,7 @@ write = ["dn:CN=alice"]
             data = self.path("data").display(),
             public = self.path("pub").display(),
             certs = self.path("certs").display(),
+            team = self.path("team").display(),
         );
         let file = self.path("wanxfer.toml");
         fs::write(&file, text).unwrap();
@@ -537,6 +543,45 @@ fn bad_tokens_are_refused_and_touch_nothing() {
     r.assert_code(3);
     assert!(r.stderr.contains("not pinned yet"), "{}", r.stderr);
     assert_eq!(tree(&pki.path("data")), before);
+}
+
+/// `token:ISSUER#SUBJECT` admits that subject's tokens without storage scopes (identity
+/// based), other subjects not at all, and a scope the token does carry still binds.
+#[test]
+fn a_token_subject_named_by_an_export_writes_without_scopes() {
+    let pki = Pki::new();
+    let server = Served::start(&pki);
+    let src = pki.path("src.bin");
+    common::write_pattern(&src, 1 << 20, 4);
+    let push = |claims: serde_json::Value, name: &str| {
+        let token = pki.token(claims);
+        let url = server.url(&format!("team/{name}"));
+        run(
+            &pki,
+            "cp",
+            &with_token(&token, &[src.as_os_str(), os(&url)]),
+        )
+    };
+    push(
+        serde_json::json!({"sub": "carol", "scope": ""}),
+        "by-carol.bin",
+    )
+    .assert_ok();
+    assert_eq!(
+        fs::read(pki.path("team/by-carol.bin")).unwrap(),
+        fs::read(&src).unwrap()
+    );
+    let before = tree(&pki.path("team"));
+    push(serde_json::json!({}), "by-alice.bin")
+        .assert_code(3)
+        .assert_stderr_mentions("sub=alice");
+    push(
+        serde_json::json!({"sub": "carol", "scope": "storage.create:/elsewhere"}),
+        "scoped.bin",
+    )
+    .assert_code(3)
+    .assert_stderr_mentions("storage.create:/scoped.bin");
+    assert_eq!(tree(&pki.path("team")), before);
 }
 
 /// A server whose exports name only tokens and certificates starts without a secret. A
