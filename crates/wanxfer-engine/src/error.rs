@@ -149,6 +149,7 @@ impl Error {
                 FailureClass::Protocol => ErrorClass::Protocol,
                 FailureClass::Integrity => ErrorClass::Integrity,
                 FailureClass::Auth => ErrorClass::Auth,
+                FailureClass::Network => ErrorClass::Network,
                 _ => ErrorClass::Remote,
             },
             Error::Files { first, .. } => first.class(),

@@ -80,6 +80,9 @@ pub fn errno_of(e: &Error) -> i32 {
             // The server is busy (too many sessions): worth a retry later.
             FailureClass::Limit => libc::EAGAIN,
             FailureClass::Protocol => libc::EPROTO,
+            // A third-party source could not reach the destination: as a network error
+            // of this side's own would be, retryable.
+            FailureClass::Network => libc::ECOMM,
             _ => libc::EIO,
         },
         Error::Files { first, .. } => errno_of(first),

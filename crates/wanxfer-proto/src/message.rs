@@ -159,6 +159,10 @@ pub enum FailureClass {
     /// A local limit of the reporting side was exceeded.
     Limit,
     Internal,
+    /// The reporting side could not reach a third party or lost it: sent only by a
+    /// third-party copy's source about its destination, so that the client can tell a
+    /// network failure (worth retrying) from a refusal.
+    Network,
 }
 
 /// Flags in [`OpenSession::flags`].
@@ -1082,6 +1086,7 @@ pub(crate) fn encode_class(class: FailureClass) -> u8 {
         FailureClass::Refused => 5,
         FailureClass::Limit => 6,
         FailureClass::Internal => 7,
+        FailureClass::Network => 8,
     }
 }
 
@@ -1094,6 +1099,7 @@ pub(crate) fn decode_class(v: u8) -> Result<FailureClass, DecodeError> {
         5 => FailureClass::Refused,
         6 => FailureClass::Limit,
         7 => FailureClass::Internal,
+        8 => FailureClass::Network,
         other => {
             return Err(DecodeError::Unknown {
                 what: "failure class",

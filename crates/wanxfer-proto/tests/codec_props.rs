@@ -25,6 +25,7 @@ fn class() -> impl Strategy<Value = FailureClass> {
         Just(FailureClass::Refused),
         Just(FailureClass::Limit),
         Just(FailureClass::Internal),
+        Just(FailureClass::Network),
     ]
 }
 

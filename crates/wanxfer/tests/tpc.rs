@@ -291,6 +291,36 @@ fn a_grant_allows_one_transfer_into_its_path_and_nothing_else() {
     );
 }
 
+/// A source that cannot reach the destination says so as a network failure (the client
+/// exits 4 and a scheduler retries), not as a refusal.
+#[test]
+fn a_destination_the_source_cannot_reach_is_a_network_failure() {
+    let (a, b) = two_sites();
+    mixed_tree(&a.root().join("tree"));
+    let mut source = Client::connect(&config(&a.server.addr)).unwrap();
+    let mut dest = Client::connect(&config(&b.server.addr)).unwrap();
+    let grant = dest.grant(&rel("far"), 60).unwrap();
+    // A port nobody listens on any more.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let mut unreachable = push("tree", &gone, "far", grant);
+    unreachable.fingerprint = fingerprint_of(&dest);
+    let summary = source.push_to(unreachable, |_| Ok(())).unwrap();
+    assert_refused(&summary, FailureClass::Network, &gone);
+    let (class, message) = summary.error.unwrap();
+    let error =
+        wanxfer_engine::Error::remote(&a.server.addr, &wanxfer_proto::ErrorMsg { class, message });
+    assert_eq!(
+        error.class(),
+        wanxfer_engine::ErrorClass::Network,
+        "{error}"
+    );
+    assert!(!b.root().join("far").exists());
+}
+
 #[test]
 fn an_expired_grant_is_refused() {
     let (a, b) = two_sites();

@@ -240,7 +240,17 @@ fn summarize(report: &Report, error: Option<&Error>) -> TransferSummary {
             .collect(),
         error: error
             .filter(|e| !matches!(e, Error::Files { .. }))
-            .map(|e| (e.wire_class(), cut(e.to_string(), MAX_MESSAGE_BYTES))),
+            .map(|e| (summary_class(e), cut(e.to_string(), MAX_MESSAGE_BYTES))),
+    }
+}
+
+/// How the client is told why the push failed. Unlike [`Error::wire_class`], which tells
+/// a peer about its own session, a network failure here is this server's failure to reach
+/// the destination: the client retries that, so it must not look like a refusal.
+fn summary_class(e: &Error) -> FailureClass {
+    match e {
+        Error::Network { .. } => FailureClass::Network,
+        e => e.wire_class(),
     }
 }
 
