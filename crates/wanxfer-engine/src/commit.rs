@@ -30,10 +30,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use wanxfer_proto::HeldRange;
+use wanxfer_proto::{EntryMeta, HeldRange};
 use wanxfer_session::journal::Record;
 
 use crate::fs::{self, TempFile};
+use crate::preserve::{self, Notes, Preserve};
 use crate::session::state::JournalFile;
 use crate::Error;
 
@@ -60,6 +61,8 @@ pub struct Complete {
     pub shown: String,
     /// Its number in the journal, if it was journaled as a partial file.
     pub journaled: Option<u32>,
+    /// What `cp --preserve` keeps of it (applied before its mode).
+    pub meta: Option<Box<EntryMeta>>,
 }
 
 #[derive(Debug)]
@@ -84,15 +87,17 @@ pub struct Committer {
 }
 
 impl Committer {
+    /// `keep` is what the session preserves, and where to note what cannot be.
     pub fn start(
         durable: bool,
         journal: Option<Arc<JournalFile>>,
         report: Report,
+        keep: (Preserve, Arc<Notes>),
     ) -> Result<Committer, Error> {
         let (tx, rx) = crossbeam_channel::bounded(QUEUE);
         let thread = std::thread::Builder::new()
             .name("wanxfer-commit".into())
-            .spawn(move || run(&rx, durable, journal.as_deref(), &report))
+            .spawn(move || run(&rx, durable, journal.as_deref(), &report, &keep))
             .map_err(|e| Error::local("start thread", "committer", e))?;
         Ok(Committer {
             queue: std::sync::Mutex::new(Some(tx)),
@@ -157,9 +162,17 @@ pub struct Symlink {
     pub mtime_sec: i64,
     pub mtime_nsec: u32,
     pub shown: String,
+    /// Its owner and group, with `cp --preserve` (its attributes are not kept).
+    pub meta: Option<Box<EntryMeta>>,
 }
 
-fn run(rx: &Receiver<Job>, durable: bool, journal: Option<&JournalFile>, report: &Report) {
+fn run(
+    rx: &Receiver<Job>,
+    durable: bool,
+    journal: Option<&JournalFile>,
+    report: &Report,
+    keep: &(Preserve, Arc<Notes>),
+) {
     // A batch whose names are made but not yet durable. Its sync is the next batch's
     // first: one `syncfs` makes this batch's names and the next batch's data durable
     // together, which halves the journal commits of a tree of small files.
@@ -178,7 +191,7 @@ fn run(rx: &Receiver<Job>, durable: bool, journal: Option<&JournalFile>, report:
         };
         let Some(first) = first else { break };
         let batch = gather(first, rx, durable);
-        named = flush(batch, named, durable, journal, report);
+        named = flush(batch, named, durable, journal, report, keep);
     }
     settle(named, journal, report);
 }
@@ -240,6 +253,7 @@ fn flush(
     durable: bool,
     journal: Option<&JournalFile>,
     report: &Report,
+    (preserve, notes): &(Preserve, Arc<Notes>),
 ) -> Option<Named> {
     let fds = if durable {
         let dirs = batch.iter().map(|job| match job {
@@ -299,10 +313,29 @@ fn flush(
                     link.mtime_nsec,
                 )
                 .map_err(|e| Error::local("create symlink", &link.shown, e));
+                if result.is_ok() && !preserve.is_empty() {
+                    preserve::apply_to_link(
+                        link.dir.as_fd(),
+                        &link.name,
+                        link.meta.as_deref(),
+                        *preserve,
+                        &link.shown,
+                        notes,
+                    );
+                }
                 results.push((id, result));
             }
             Job::Commit(c) => {
                 let (id, shown, journaled) = (c.id, c.shown, c.journaled);
+                if !preserve.is_empty() {
+                    preserve::apply(
+                        c.temp.file.as_fd(),
+                        c.meta.as_deref(),
+                        *preserve,
+                        &shown,
+                        notes,
+                    );
+                }
                 let result = c
                     .temp
                     .commit(c.mode, c.mtime_sec, c.mtime_nsec)

@@ -65,6 +65,9 @@ pub struct Meta {
     /// Change time: moves on any write, also one that puts the mtime back.
     pub ctime_sec: i64,
     pub ctime_nsec: u32,
+    /// Numeric owner and group (kept by `cp --preserve owner,group`).
+    pub uid: u32,
+    pub gid: u32,
 }
 
 impl Root {
@@ -230,6 +233,8 @@ fn meta_from_stat(st: &rustix::fs::Stat) -> Meta {
         mtime_nsec: st.st_mtime_nsec as u32,
         ctime_sec: st.st_ctime,
         ctime_nsec: st.st_ctime_nsec as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
     }
 }
 

@@ -22,6 +22,7 @@ pub mod fs;
 mod ktls;
 pub mod ops;
 pub mod pool;
+pub mod preserve;
 pub mod progress;
 pub mod secret;
 pub mod select;

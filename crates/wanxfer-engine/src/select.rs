@@ -305,6 +305,7 @@ fn entry_of(path: RelPath, meta: &ops::Meta) -> Option<Entry> {
         mtime_sec: meta.mtime_sec,
         mtime_nsec: meta.mtime_nsec,
         link_target: meta.link_target.clone(),
+        meta: None,
     })
 }
 

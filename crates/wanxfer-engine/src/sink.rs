@@ -30,13 +30,14 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use wanxfer_proto::{Compare, Entry, EntryKind, HeldRange, RelPath, Segment};
+use wanxfer_proto::{Compare, Entry, EntryKind, EntryMeta, HeldRange, RelPath, Segment};
 use wanxfer_session::journal::Record;
 use wanxfer_session::{Applied, Coverage, Failure};
 
 use crate::commit::{Committer, Complete, Report, Symlink};
 use crate::fs::{self, DirCache, Kind, Root, TempFile, TempStrategy, WriteMode};
 use crate::pool::Block;
+use crate::preserve::{self, Notes, Preserve};
 use crate::progress::IoUse;
 use crate::session::state::JournalFile;
 use crate::Error;
@@ -173,6 +174,8 @@ struct Slot {
     mode: u32,
     mtime_sec: i64,
     mtime_nsec: u32,
+    /// What `cp --preserve` keeps of it.
+    meta: Option<Box<EntryMeta>>,
     state: Mutex<SlotState>,
 }
 
@@ -200,6 +203,7 @@ struct DirMeta {
     mode: u32,
     mtime_sec: i64,
     mtime_nsec: u32,
+    meta: Option<Box<EntryMeta>>,
 }
 
 /// Local limits and settings of a receiving side; never taken from the peer.
@@ -215,6 +219,8 @@ pub struct SinkLimits {
     pub checkpoint_bytes: u64,
     /// The session's block size: what the chunks of a file compared by checksum are.
     pub block_size: u64,
+    /// What the session agreed to keep beyond mode and mtime.
+    pub preserve: Preserve,
 }
 
 impl Default for SinkLimits {
@@ -226,6 +232,7 @@ impl Default for SinkLimits {
             durable: true,
             checkpoint_bytes: 64 << 20,
             block_size: 4 << 20,
+            preserve: Preserve::default(),
         }
     }
 }
@@ -253,6 +260,8 @@ pub struct Sink {
     journal: Option<Arc<JournalFile>>,
     committer: Option<Committer>,
     report: Report,
+    /// What could not be preserved here.
+    notes: Arc<Notes>,
 }
 
 impl std::fmt::Debug for Sink {
@@ -278,11 +287,13 @@ impl Sink {
         let direct = target
             .as_ref()
             .is_some_and(|(root, _)| limits.write.is_direct_beneath(root.fd()));
+        let notes = Arc::new(Notes::default());
         let committer = match target {
             Some(_) => Some(Committer::start(
                 limits.durable,
                 journal.clone(),
                 report.clone(),
+                (limits.preserve, notes.clone()),
             )?),
             None => None,
         };
@@ -304,7 +315,26 @@ impl Sink {
             journal,
             committer,
             report,
+            notes,
         })
+    }
+
+    /// What could not be preserved here since the last call, once per kind.
+    pub fn take_notes(&self) -> Vec<String> {
+        self.notes.take()
+    }
+
+    /// Gives a file already in place what the session preserves (it was not sent).
+    fn preserve_in_place(&self, file: &std::fs::File, meta: Option<&EntryMeta>, dest: &RelPath) {
+        if !self.limits.preserve.is_empty() {
+            preserve::apply(
+                file.as_fd(),
+                meta,
+                self.limits.preserve,
+                &self.show(dest),
+                &self.notes,
+            );
+        }
     }
 
     /// How this side wrote what it received, for the session's report.
@@ -415,6 +445,7 @@ impl Sink {
                         mode: entry.mode,
                         mtime_sec: entry.mtime_sec,
                         mtime_nsec: entry.mtime_nsec,
+                        meta: entry.meta.clone(),
                     });
                 Ok(Applied::Done)
             }
@@ -435,6 +466,7 @@ impl Sink {
                         mtime_sec: entry.mtime_sec,
                         mtime_nsec: entry.mtime_nsec,
                         shown: root.show(dest),
+                        meta: entry.meta.clone(),
                     },
                 )?;
                 self.insert_slot(id, dest.clone(), entry, SlotState::default());
@@ -450,7 +482,13 @@ impl Sink {
                     self.forget_partial(&dir, dest)?;
                     // Opened (never through a symlink) only when there is a mode to fix:
                     // a re-run of a big tree is mostly this one stat per file.
-                    if existing
+                    if !self.limits.preserve.is_empty() {
+                        let file =
+                            fs::open_file_at(dir.as_fd(), name).map_err(|e| io("open", e))?;
+                        self.preserve_in_place(&file, entry.meta.as_deref(), dest);
+                        fs::apply_meta(file.as_fd(), entry.mode, entry.mtime_sec, entry.mtime_nsec)
+                            .map_err(|e| io("set the mode of", e))?;
+                    } else if existing
                         .is_some_and(|m| m.mode & fs::MODE_MASK != entry.mode & fs::MODE_MASK)
                     {
                         fs::fix_mode_at(dir.as_fd(), name, entry.mode)
@@ -477,6 +515,7 @@ impl Sink {
                         0,
                         dest,
                         None,
+                        entry.meta.clone(),
                     )?;
                     return Ok(Applied::Pending);
                 }
@@ -633,6 +672,7 @@ impl Sink {
             mode: entry.mode,
             mtime_sec: entry.mtime_sec,
             mtime_nsec: entry.mtime_nsec,
+            meta: entry.meta.clone(),
             state: Mutex::new(state),
         });
         self.slots
@@ -709,6 +749,7 @@ impl Sink {
         let result = self.dirs_cache.get(root, &parent).and_then(|dir| {
             let file = fs::open_file_at(dir.as_fd(), name)
                 .map_err(|e| Error::local("open", self.show(&slot.dest), e))?;
+            self.preserve_in_place(&file, slot.meta.as_deref(), &slot.dest);
             fs::apply_meta(file.as_fd(), slot.mode, slot.mtime_sec, slot.mtime_nsec)
                 .map_err(|e| Error::local("set the metadata of", self.show(&slot.dest), e))
         });
@@ -1018,6 +1059,7 @@ impl Sink {
             slot.size,
             &dest,
             journaled,
+            slot.meta.clone(),
         )
     }
 
@@ -1044,6 +1086,7 @@ impl Sink {
         bytes: u64,
         dest: &RelPath,
         journaled: Option<u32>,
+        meta: Option<Box<EntryMeta>>,
     ) -> Result<(), Error> {
         if self.limits.durable {
             fs::start_writeback(&temp.file);
@@ -1061,6 +1104,7 @@ impl Sink {
             bytes,
             shown: self.show(dest),
             journaled,
+            meta,
         })
     }
 
@@ -1145,6 +1189,15 @@ impl Sink {
             .filter_map(|d| {
                 root.dir(&d.dest)
                     .and_then(|fd| {
+                        if !self.limits.preserve.is_empty() {
+                            preserve::apply(
+                                fd.as_fd(),
+                                d.meta.as_deref(),
+                                self.limits.preserve,
+                                &root.show(&d.dest),
+                                &self.notes,
+                            );
+                        }
                         fs::apply_meta(fd.as_fd(), d.mode, d.mtime_sec, d.mtime_nsec).map_err(|e| {
                             Error::local("set directory metadata", root.show(&d.dest), e)
                         })
@@ -1252,6 +1305,7 @@ mod tests {
             mtime_sec: 1_000_000,
             mtime_nsec: 5,
             link_target: Vec::new(),
+            meta: None,
         }
     }
 

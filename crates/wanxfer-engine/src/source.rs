@@ -30,6 +30,7 @@ use wanxfer_proto::{BlockHeader, Entry, EntryKind, HeldRange, RelPath, Segment};
 use crate::digest::{check_flags, digest_of, FileHasher, IN_CACHE_PIECE_BYTES};
 use crate::fs::{self, Kind, Meta, Root};
 use crate::pool::{recv_or_cancel, Block, Cancel, FileRange, Pool};
+use crate::preserve::{self, Preserve};
 use crate::select::Matcher;
 use crate::Error;
 
@@ -224,6 +225,10 @@ pub struct Walker {
     pub skipped: Vec<String>,
     /// Which entries beneath the sources are listed at all.
     selection: Arc<Matcher>,
+    /// What entries carry beyond mode and mtime (`cp --preserve`).
+    preserve: Preserve,
+    /// Entries whose attributes could not all be sent (for the report's notes).
+    pub left_out: Vec<String>,
 }
 
 impl Walker {
@@ -240,7 +245,15 @@ impl Walker {
             synthetic,
             skipped: Vec::new(),
             selection: Arc::default(),
+            preserve: Preserve::default(),
+            left_out: Vec::new(),
         }
+    }
+
+    /// Entries carry what `preserve` asks (owner, group, attributes and ACLs).
+    pub fn preserving(mut self, preserve: Preserve) -> Walker {
+        self.preserve = preserve;
+        self
     }
 
     /// Lists only what `selection` takes beneath each source (an excluded directory is
@@ -358,6 +371,7 @@ impl Walker {
             mtime_sec: meta.mtime_sec,
             mtime_nsec: meta.mtime_nsec,
             link_target: Vec::new(),
+            meta: None,
         };
         let mut job = None;
         match meta.kind {
@@ -367,7 +381,10 @@ impl Walker {
                     job = Some(FileJob {
                         id,
                         size: meta.size,
-                        content: Content::File { base, rel },
+                        content: Content::File {
+                            base: base.clone(),
+                            rel,
+                        },
                         mtime: (meta.mtime_sec, meta.mtime_nsec),
                         top: self.items[item].shown.clone(),
                     });
@@ -398,8 +415,51 @@ impl Walker {
                 return None;
             }
         }
+        if !self.preserve.is_empty() {
+            entry.meta = self.preserved(item, &base, &entry, &meta);
+        }
         self.next_id += 1;
         Some(Ok(Walked { entry, job }))
+    }
+
+    /// What `cp --preserve` keeps of `entry`: attributes are read through the
+    /// directory just opened for listing, or the file opened without following a link
+    /// (a symlink's own are not kept).
+    fn preserved(
+        &mut self,
+        item: usize,
+        base: &Arc<OwnedFd>,
+        entry: &Entry,
+        meta: &Meta,
+    ) -> Option<Box<wanxfer_proto::EntryMeta>> {
+        let mut left_out = None;
+        let opened;
+        let fd = match entry.kind {
+            _ if !self.preserve.attributes() => None,
+            EntryKind::Dir => self.stack.last().map(|frame| frame.fd.as_fd()),
+            EntryKind::File => {
+                opened = self
+                    .parent_of(base, &entry.path)
+                    .ok()
+                    .and_then(|(dir, name)| {
+                        rustix::fs::openat(
+                            &dir,
+                            OsStr::from_bytes(name),
+                            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                            Mode::empty(),
+                        )
+                        .ok()
+                    });
+                opened.as_ref().map(|fd| fd.as_fd())
+            }
+            _ => None,
+        };
+        let read = preserve::read(fd, meta, self.preserve, &mut left_out);
+        if let Some(why) = left_out {
+            let shown = self.show(item, &entry.path);
+            self.left_out.push(format!("{shown}: {why}"));
+        }
+        read
     }
 
     fn parent_of<'a>(
@@ -444,6 +504,7 @@ impl Walker {
                 mtime_sec: 0,
                 mtime_nsec: 0,
                 link_target: Vec::new(),
+                meta: None,
             },
             job: (bytes > 0).then(|| FileJob {
                 id,

@@ -89,9 +89,15 @@ pub mod features {
     /// rules, a list of paths) that the server applies as it lists its tree.
     pub const SELECT: u64 = 1 << 8;
 
+    /// Manifest entries may carry metadata beyond mode and mtime ([`crate::EntryMeta`]:
+    /// owner, group, extended attributes and ACLs), as the request's `PRESERVE_*`
+    /// [`crate::session_flags`] ask, and the receiver may send [`crate::Message::Note`]s
+    /// about what it could not keep.
+    pub const PRESERVE: u64 = 1 << 9;
+
     /// What this build implements.
     pub const SUPPORTED: u64 =
-        BLOCK_CRC32C | FILE_XXH3_128 | FABRIC | RESUME | COMPARE | THIRD_PARTY | SELECT;
+        BLOCK_CRC32C | FILE_XXH3_128 | FABRIC | RESUME | COMPARE | THIRD_PARTY | SELECT | PRESERVE;
 
     /// The features a session between these two sides uses.
     pub const fn negotiate(ours: u64, theirs: u64) -> u64 {

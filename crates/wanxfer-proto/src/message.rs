@@ -40,6 +40,19 @@ pub const MAX_PATTERN_BYTES: usize = 1024;
 /// Most paths a pull's `--files-from` list may name (the request's frame, at most
 /// [`MAX_FRAME_BODY`], bounds them too).
 pub const MAX_SELECTED_PATHS: usize = 16_384;
+/// Most extended attributes one entry carries (ACLs included: they travel as their
+/// `system.posix_acl_*` attributes).
+pub const MAX_XATTRS_PER_ENTRY: usize = 128;
+/// Longest extended attribute name: Linux's `XATTR_NAME_MAX`.
+pub const MAX_XATTR_NAME_BYTES: usize = 255;
+/// Largest extended attribute value: Linux's `XATTR_SIZE_MAX`.
+pub const MAX_XATTR_VALUE_BYTES: usize = 64 << 10;
+/// Most bytes of names and values together one entry's attributes take (ext4 keeps
+/// them in one 4 KiB block; XFS and tmpfs allow more), so that a manifest frame of
+/// entries with attributes stays far below [`MAX_FRAME_BODY`].
+pub const MAX_XATTR_BYTES_PER_ENTRY: usize = 128 << 10;
+/// Longest [`Message::Note`].
+pub const MAX_NOTE_BYTES: usize = 1024;
 
 /// What frames start with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,8 +191,22 @@ pub mod session_flags {
     /// Segments carry no digest, so files are renamed into place unverified; blocks carry
     /// a payload CRC instead unless [`NO_BLOCK_CHECKSUM`] is set too. Never the default.
     pub const NO_FILE_DIGEST: u32 = 1 << 3;
+    /// Keep each entry's owner (numeric uid). Only with [`crate::features::PRESERVE`];
+    /// a receiving server that cannot (it does not run as root) clears it in its answer.
+    pub const PRESERVE_OWNER: u32 = 1 << 4;
+    /// Keep each entry's group (numeric gid), as [`PRESERVE_OWNER`].
+    pub const PRESERVE_GROUP: u32 = 1 << 5;
+    /// Keep `user.*` extended attributes (never `trusted.*` or `security.*`: see
+    /// [`crate::check_xattr_name`]).
+    pub const PRESERVE_XATTRS: u32 = 1 << 8;
+    /// Keep POSIX ACLs (their `system.posix_acl_access`/`_default` attributes).
+    pub const PRESERVE_ACLS: u32 = 1 << 9;
 
-    pub const ALL: u32 = DISCARD | SYNTHETIC_SOURCE | NO_BLOCK_CHECKSUM | NO_FILE_DIGEST;
+    /// The preserve flags.
+    pub const PRESERVE_ALL: u32 = PRESERVE_OWNER | PRESERVE_GROUP | PRESERVE_XATTRS | PRESERVE_ACLS;
+
+    pub const ALL: u32 =
+        DISCARD | SYNTHETIC_SOURCE | NO_BLOCK_CHECKSUM | NO_FILE_DIGEST | PRESERVE_ALL;
 }
 
 /// Where a push's sources land beneath its destination path, `cp -r` style.
@@ -308,6 +335,40 @@ pub struct Entry {
     pub mtime_nsec: u32,
     /// Symlinks only: the target, stored as-is and never followed.
     pub link_target: Vec<u8>,
+    /// What the session preserves beyond mode and mtime (only with
+    /// [`crate::features::PRESERVE`]); `None` when there is nothing of it.
+    pub meta: Option<Box<EntryMeta>>,
+}
+
+/// An entry's metadata beyond mode and mtime, for `cp --preserve`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EntryMeta {
+    /// Numeric owner, with [`session_flags::PRESERVE_OWNER`].
+    pub uid: Option<u32>,
+    /// Numeric group, with [`session_flags::PRESERVE_GROUP`].
+    pub gid: Option<u32>,
+    /// Extended attributes as `(name, value)`, names unique and checked by
+    /// [`check_xattr_name`], at most [`MAX_XATTRS_PER_ENTRY`] and
+    /// [`MAX_XATTR_BYTES_PER_ENTRY`] in all. POSIX ACLs are among them as
+    /// `system.posix_acl_access` and `system.posix_acl_default`.
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl EntryMeta {
+    /// Bytes this adds to a manifest frame, at most.
+    pub fn encoded_len(&self) -> usize {
+        1 + 8
+            + 2
+            + self
+                .xattrs
+                .iter()
+                .map(|(n, v)| 8 + n.len() + v.len())
+                .sum::<usize>()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.uid.is_none() && self.gid.is_none() && self.xattrs.is_empty()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -530,6 +591,11 @@ pub enum Message {
         grant_id: [u8; 16],
         mac: [u8; 32],
     },
+    /// The receiver could not keep something the session preserves (owner, attributes)
+    /// and tells the sending side's user, once per kind of failure; not a failure.
+    Note {
+        text: Vec<u8>,
+    },
 }
 
 impl Message {
@@ -560,7 +626,8 @@ impl Message {
             Message::Skipped { .. } => 23,
             Message::Keepalive => 24,
             Message::Credential(_) => 25,
-            // 26-39: reserved for the session layer's messages.
+            Message::Note { .. } => 26,
+            // 27-39: reserved for the session layer's messages.
             Message::OpRequest(_) => 40,
             Message::OpReply(_) => 41,
             Message::GrantProof { .. } => 42,
@@ -679,6 +746,7 @@ impl Message {
                 e.raw(grant_id);
                 e.raw(mac);
             }
+            Message::Note { text } => e.bytes(text),
         }
     }
 
@@ -833,6 +901,9 @@ impl Message {
                     })
                 }
             }),
+            26 => Message::Note {
+                text: d.bytes("note", MAX_NOTE_BYTES)?.to_vec(),
+            },
             40 => Message::OpRequest(ops::decode_request(&mut d)?),
             41 => Message::OpReply(ops::decode_reply(&mut d)?),
             42 => Message::GrantProof {
@@ -1029,22 +1100,138 @@ fn decode_open(d: &mut Decoder) -> Result<OpenSession, DecodeError> {
     Ok(open)
 }
 
+/// Set in an entry's kind byte when [`EntryMeta`] follows the entry.
+const ENTRY_HAS_META: u8 = 0x80;
+const META_UID: u8 = 1 << 0;
+const META_GID: u8 = 1 << 1;
+const META_XATTRS: u8 = 1 << 2;
+const META_ALL: u8 = META_UID | META_GID | META_XATTRS;
+
 fn encode_entry(entry: &Entry, e: &mut Encoder) {
-    e.u8(match entry.kind {
+    let kind = match entry.kind {
         EntryKind::File => 0,
         EntryKind::Dir => 1,
         EntryKind::Symlink => 2,
-    });
+    };
+    // An empty meta is written as none: one encoding per entry.
+    let meta = entry.meta.as_deref().filter(|m| !m.is_empty());
+    e.u8(kind | if meta.is_some() { ENTRY_HAS_META } else { 0 });
     e.bytes(entry.path.as_bytes());
     e.u64(entry.size);
     e.u32(entry.mode);
     e.i64(entry.mtime_sec);
     e.u32(entry.mtime_nsec);
     e.bytes(&entry.link_target);
+    if let Some(meta) = meta {
+        encode_meta(meta, e);
+    }
+}
+
+fn encode_meta(meta: &EntryMeta, e: &mut Encoder) {
+    let mut present = 0;
+    if meta.uid.is_some() {
+        present |= META_UID;
+    }
+    if meta.gid.is_some() {
+        present |= META_GID;
+    }
+    if !meta.xattrs.is_empty() {
+        present |= META_XATTRS;
+    }
+    e.u8(present);
+    if let Some(uid) = meta.uid {
+        e.u32(uid);
+    }
+    if let Some(gid) = meta.gid {
+        e.u32(gid);
+    }
+    if !meta.xattrs.is_empty() {
+        e.u16(meta.xattrs.len() as u16);
+        for (name, value) in &meta.xattrs {
+            e.bytes(name);
+            e.bytes(value);
+        }
+    }
+}
+
+fn decode_meta(d: &mut Decoder) -> Result<EntryMeta, DecodeError> {
+    let present = d.u8()?;
+    if present & !META_ALL != 0 {
+        return Err(DecodeError::Unknown {
+            what: "entry metadata fields",
+            value: present.into(),
+        });
+    }
+    if present == 0 {
+        return Err(DecodeError::Invalid(
+            "empty entry metadata is written as none",
+        ));
+    }
+    let mut meta = EntryMeta::default();
+    if present & META_UID != 0 {
+        meta.uid = Some(d.u32()?);
+    }
+    if present & META_GID != 0 {
+        meta.gid = Some(d.u32()?);
+    }
+    if present & META_XATTRS != 0 {
+        let n = usize::from(d.u16()?);
+        if n == 0 {
+            return Err(DecodeError::Invalid(
+                "no extended attributes is written as none",
+            ));
+        }
+        if n > MAX_XATTRS_PER_ENTRY {
+            return Err(DecodeError::TooLong {
+                what: "extended attributes of an entry",
+                len: n,
+                max: MAX_XATTRS_PER_ENTRY,
+            });
+        }
+        let mut total = 0usize;
+        for _ in 0..n {
+            let name = d.bytes("extended attribute name", MAX_XATTR_NAME_BYTES)?;
+            let value = d.bytes("extended attribute value", MAX_XATTR_VALUE_BYTES)?;
+            check_xattr_name(name)?;
+            total += name.len() + value.len();
+            if total > MAX_XATTR_BYTES_PER_ENTRY {
+                return Err(DecodeError::TooLong {
+                    what: "extended attributes of an entry (bytes)",
+                    len: total,
+                    max: MAX_XATTR_BYTES_PER_ENTRY,
+                });
+            }
+            if meta.xattrs.iter().any(|(n, _)| n == name) {
+                return Err(DecodeError::Invalid("an extended attribute named twice"));
+            }
+            meta.xattrs.push((name.to_vec(), value.to_vec()));
+        }
+    }
+    Ok(meta)
+}
+
+/// The ACLs' attributes: what `--preserve acls` carries.
+pub const ACL_XATTRS: [&[u8]; 2] = [b"system.posix_acl_access", b"system.posix_acl_default"];
+
+/// An attribute name a receiver may be asked to set: a `user.` attribute or one of the
+/// two ACLs ([`ACL_XATTRS`]). `trusted.` and `security.` never travel: they would let a
+/// peer grant file capabilities (`security.capability` is setuid by other means) or
+/// choose security labels on the receiver, which this protocol refuses as it refuses
+/// setuid bits.
+pub fn check_xattr_name(name: &[u8]) -> Result<(), DecodeError> {
+    let user = name.len() > b"user.".len() && name.starts_with(b"user.");
+    if !(user || ACL_XATTRS.contains(&name)) || name.contains(&0) {
+        return Err(DecodeError::Invalid(
+            "an extended attribute other than user.* and the POSIX ACLs, or with NUL",
+        ));
+    }
+    Ok(())
 }
 
 fn decode_entry(d: &mut Decoder) -> Result<Entry, DecodeError> {
-    let kind = match d.u8()? {
+    let kind_byte = d.u8()?;
+    let has_meta = kind_byte & ENTRY_HAS_META != 0;
+    let kind = match kind_byte & !ENTRY_HAS_META {
         0 => EntryKind::File,
         1 => EntryKind::Dir,
         2 => EntryKind::Symlink,
@@ -1056,7 +1243,7 @@ fn decode_entry(d: &mut Decoder) -> Result<Entry, DecodeError> {
         }
     };
     let path = decode_path(d)?;
-    let entry = Entry {
+    let mut entry = Entry {
         kind,
         path,
         size: d.u64()?,
@@ -1064,7 +1251,11 @@ fn decode_entry(d: &mut Decoder) -> Result<Entry, DecodeError> {
         mtime_sec: d.i64()?,
         mtime_nsec: d.u32()?,
         link_target: d.bytes("symlink target", MAX_PATH_BYTES)?.to_vec(),
+        meta: None,
     };
+    if has_meta {
+        entry.meta = Some(Box::new(decode_meta(d)?));
+    }
     if entry.mtime_nsec >= 1_000_000_000 {
         return Err(DecodeError::Invalid("mtime nanoseconds out of range"));
     }

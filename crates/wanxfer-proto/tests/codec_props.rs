@@ -29,6 +29,34 @@ fn class() -> impl Strategy<Value = FailureClass> {
     ]
 }
 
+fn entry_meta() -> impl Strategy<Value = Option<Box<EntryMeta>>> {
+    let xattrs = prop::collection::btree_map(
+        "user\\.[a-z_.]{1,20}|system\\.posix_acl_(access|default)",
+        prop::collection::vec(any::<u8>(), 0..40),
+        0..5,
+    );
+    prop::option::of(
+        (
+            prop::option::of(any::<u32>()),
+            prop::option::of(any::<u32>()),
+            xattrs,
+        )
+            .prop_filter("not empty", |(u, g, x)| {
+                u.is_some() || g.is_some() || !x.is_empty()
+            })
+            .prop_map(|(uid, gid, xattrs)| {
+                Box::new(EntryMeta {
+                    uid,
+                    gid,
+                    xattrs: xattrs
+                        .into_iter()
+                        .map(|(n, v)| (n.into_bytes(), v))
+                        .collect(),
+                })
+            }),
+    )
+}
+
 fn entry() -> impl Strategy<Value = Entry> {
     (
         0u8..3,
@@ -38,8 +66,9 @@ fn entry() -> impl Strategy<Value = Entry> {
         any::<i64>(),
         0u32..1_000_000_000,
         prop::collection::vec(1u8..=255, 0..20),
+        entry_meta(),
     )
-        .prop_map(|(k, path, size, mode, sec, nsec, target)| {
+        .prop_map(|(k, path, size, mode, sec, nsec, target, meta)| {
             let kind = [EntryKind::File, EntryKind::Dir, EntryKind::Symlink][k as usize];
             Entry {
                 kind,
@@ -53,6 +82,7 @@ fn entry() -> impl Strategy<Value = Entry> {
                 } else {
                     Vec::new()
                 },
+                meta,
             }
         })
 }
@@ -342,6 +372,7 @@ fn message() -> impl Strategy<Value = Message> {
         prop::collection::vec(prop::collection::vec(any::<u8>(), 0..30), 0..5)
             .prop_map(|paths| Message::Skipped { paths }),
         Just(Message::Keepalive),
+        prop::collection::vec(any::<u8>(), 0..100).prop_map(|text| Message::Note { text }),
         prop::collection::vec(any::<u8>(), 1..200)
             .prop_map(|t| Message::Credential(Credential::Token(t))),
         Just(Message::Credential(Credential::Certificate)),
@@ -632,4 +663,117 @@ fn a_selection_with_too_many_paths_is_refused() {
             ..
         })
     ));
+}
+
+fn manifest_of(entry: Entry) -> Vec<u8> {
+    let mut buf = Vec::new();
+    encode_frame(
+        &Message::Manifest(Manifest {
+            first_id: 0,
+            entries: vec![entry],
+        }),
+        &mut buf,
+    );
+    buf
+}
+
+fn entry_with(meta: EntryMeta) -> Entry {
+    Entry {
+        kind: EntryKind::File,
+        path: RelPath::new(b"f").unwrap(),
+        size: 1,
+        mode: 0o644,
+        mtime_sec: 1,
+        mtime_nsec: 0,
+        link_target: Vec::new(),
+        meta: Some(Box::new(meta)),
+    }
+}
+
+fn xattrs(count: usize, name_len: usize, value_len: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+    (0..count)
+        .map(|i| {
+            let mut name = format!("user.{i:06}").into_bytes();
+            name.resize(name_len.max(name.len()), b'x');
+            (name, vec![7u8; value_len])
+        })
+        .collect()
+}
+
+#[test]
+fn entry_metadata_limits_hold_at_the_edge_and_fail_past_it() {
+    let decodes = |meta: EntryMeta| decode_frame(&manifest_of(entry_with(meta)));
+    let at = |x| EntryMeta {
+        xattrs: x,
+        ..EntryMeta::default()
+    };
+    // Each limit exactly reached decodes...
+    assert!(decodes(at(xattrs(MAX_XATTRS_PER_ENTRY, 12, 0))).is_ok());
+    assert!(decodes(at(xattrs(1, MAX_XATTR_NAME_BYTES, MAX_XATTR_VALUE_BYTES))).is_ok());
+    let per = MAX_XATTR_BYTES_PER_ENTRY / 2;
+    assert!(decodes(at(xattrs(2, 12, per - 12))).is_ok());
+    // ...and one past it does not.
+    assert!(decodes(at(xattrs(MAX_XATTRS_PER_ENTRY + 1, 12, 0))).is_err());
+    assert!(decodes(at(xattrs(1, MAX_XATTR_NAME_BYTES + 1, 0))).is_err());
+    assert!(decodes(at(xattrs(1, 12, MAX_XATTR_VALUE_BYTES + 1))).is_err());
+    assert!(decodes(at(xattrs(2, 12, per - 11))).is_err());
+}
+
+#[test]
+fn entry_metadata_is_refused_when_ambiguous_or_unknown() {
+    let decodes = |meta: EntryMeta| decode_frame(&manifest_of(entry_with(meta)));
+    let named = |names: &[&[u8]]| EntryMeta {
+        xattrs: names.iter().map(|n| (n.to_vec(), Vec::new())).collect(),
+        ..EntryMeta::default()
+    };
+    assert!(
+        decodes(named(&[b"user.a", b"user.a"])).is_err(),
+        "a name twice"
+    );
+    assert!(decodes(named(&[b"user."])).is_err(), "a namespace alone");
+    assert!(
+        decodes(named(&[b"other.a"])).is_err(),
+        "an unknown namespace"
+    );
+    assert!(
+        decodes(named(&[b"security.capability"])).is_err(),
+        "capabilities"
+    );
+    assert!(
+        decodes(named(&[b"trusted.a"])).is_err(),
+        "trusted attributes"
+    );
+    assert!(
+        decodes(named(&[b"system.other"])).is_err(),
+        "system attributes"
+    );
+    assert!(decodes(named(&[b"user.a\0b"])).is_err(), "NUL in a name");
+    assert!(decodes(named(&[b"system.posix_acl_access"])).is_ok());
+    // Empty metadata is written as none, so a frame that carries it is refused.
+    let mut frame = manifest_of(entry_with(EntryMeta {
+        uid: Some(5),
+        ..EntryMeta::default()
+    }));
+    let Ok(Message::Manifest(m)) = decode_frame(&frame) else {
+        panic!("a uid decodes");
+    };
+    assert_eq!(m.entries[0].meta.as_ref().unwrap().uid, Some(5));
+    let body = FrameHeader::LEN;
+    let present = frame.len() - 5; // the fields byte, then the uid
+    frame[present] = 0;
+    frame.truncate(frame.len() - 4);
+    let len = (frame.len() - body) as u32;
+    frame[4..8].copy_from_slice(&len.to_le_bytes());
+    let crc = crc32c::crc32c(&frame[body..]);
+    frame[8..12].copy_from_slice(&crc.to_le_bytes());
+    assert!(decode_frame(&frame).is_err());
+    // A note longer than its limit is refused.
+    let mut long = Vec::new();
+    encode_frame(
+        &Message::Note {
+            text: vec![b'n'; MAX_NOTE_BYTES + 1],
+        },
+        &mut long,
+    );
+    assert!(decode_frame(&long).is_err());
 }

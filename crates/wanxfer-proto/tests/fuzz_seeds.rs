@@ -53,6 +53,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                         mtime_sec: 1,
                         mtime_nsec: 2,
                         link_target: vec![],
+                        meta: None,
                     },
                     Entry {
                         kind: EntryKind::File,
@@ -62,6 +63,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                         mtime_sec: 1,
                         mtime_nsec: 2,
                         link_target: vec![],
+                        meta: None,
                     },
                     Entry {
                         kind: EntryKind::Symlink,
@@ -71,6 +73,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                         mtime_sec: 1,
                         mtime_nsec: 2,
                         link_target: b"../x".to_vec(),
+                        meta: None,
                     },
                 ],
             }),
@@ -162,6 +165,35 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                 ],
                 more: true,
             })),
+        ),
+        (
+            "manifest-meta",
+            Message::Manifest(Manifest {
+                first_id: 0,
+                entries: vec![Entry {
+                    kind: EntryKind::File,
+                    path: path("owned"),
+                    size: 3,
+                    mode: 0o640,
+                    mtime_sec: 1,
+                    mtime_nsec: 0,
+                    link_target: vec![],
+                    meta: Some(Box::new(EntryMeta {
+                        uid: Some(1234),
+                        gid: Some(4321),
+                        xattrs: vec![
+                            (b"user.origin".to_vec(), b"detector".to_vec()),
+                            (b"system.posix_acl_access".to_vec(), vec![2, 0, 0, 0]),
+                        ],
+                    })),
+                }],
+            }),
+        ),
+        (
+            "note",
+            Message::Note {
+                text: b"owner and group not kept".to_vec(),
+            },
         ),
         (
             "op-sum",

@@ -110,7 +110,13 @@ pub enum Event {
     FinishRequested,
     /// Client: the server's closing numbers. The session is over.
     PeerStats(Stats),
+    /// Sender: the receiver could not keep something the session preserves (at most
+    /// [`MAX_NOTES`] per session).
+    Note(String),
 }
+
+/// Most notes a sender passes on from one session's receiver; more are dropped.
+pub const MAX_NOTES: usize = 32;
 
 /// Timers and the outgoing queue shared by both machines.
 #[derive(Debug)]

@@ -191,6 +191,9 @@ pub fn check_accepted(req: &OpenSession, acc: &SessionAccepted) -> Result<(), St
     if acc.flags & checks_off & !req.flags != 0 {
         return Err("the server's answer turns off checks this client asked for".into());
     }
+    if acc.flags & session_flags::PRESERVE_ALL & !req.flags != 0 {
+        return Err("the server's answer preserves what this client did not ask for".into());
+    }
     let kept = session_flags::DISCARD | session_flags::SYNTHETIC_SOURCE;
     if acc.flags & !session_flags::ALL != 0 || acc.flags & kept != req.flags & kept {
         return Err("the server's answer changes what the session moves".into());

@@ -352,6 +352,18 @@ impl ReceiverMachine {
         }
     }
 
+    /// Tells the sender what this side could not preserve (owner, attributes): not a
+    /// failure, so that its user learns of it.
+    pub fn note(&mut self, text: &str) {
+        let mut end = text.len().min(wanxfer_proto::MAX_NOTE_BYTES);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.link.send(Message::Note {
+            text: text.as_bytes()[..end].to_vec(),
+        });
+    }
+
     /// A data channel joined.
     pub fn channel_opened(&mut self, index: u16) {
         self.channels.entry(index).or_default();
@@ -484,6 +496,7 @@ mod tests {
             } else {
                 Vec::new()
             },
+            meta: None,
         }
     }
 

@@ -29,6 +29,8 @@ pub struct SenderConfig {
     pub peer_may_skip: bool,
     /// The receiver may report ranges it holds (resume or comparison by checksum).
     pub peer_may_hold: bool,
+    /// The receiver may send notes on what it could not preserve.
+    pub peer_may_note: bool,
 }
 
 /// Work for the sender's threads.
@@ -114,6 +116,8 @@ pub struct SenderMachine {
     planner: Planner,
     work: VecDeque<SenderWork>,
     channels: BTreeMap<u16, Ledger>,
+    /// Notes passed on so far.
+    notes: usize,
 }
 
 impl SenderMachine {
@@ -132,6 +136,7 @@ impl SenderMachine {
             files: HashMap::new(),
             work: VecDeque::new(),
             channels: BTreeMap::new(),
+            notes: 0,
         }
     }
 
@@ -156,7 +161,10 @@ impl SenderMachine {
                 verifying: false,
             },
         );
-        self.batch_bytes += 40 + entry.path.as_bytes().len() + entry.link_target.len();
+        self.batch_bytes += 40
+            + entry.path.as_bytes().len()
+            + entry.link_target.len()
+            + entry.meta.as_ref().map_or(0, |m| m.encoded_len());
         self.batch.push(entry);
         if self.batch.len() >= MAX_MANIFEST_ENTRIES || self.batch_bytes >= MAX_FRAME_BODY / 2 {
             self.flush_batch();
@@ -235,6 +243,14 @@ impl SenderMachine {
                 Ok(())
             }
             Message::Held(held) if self.cfg.peer_may_hold => self.held(held),
+            Message::Note { text } if self.cfg.peer_may_note => {
+                if self.notes < crate::MAX_NOTES {
+                    self.notes += 1;
+                    let text = String::from_utf8_lossy(&text).into_owned();
+                    self.link.events.push_back(Event::Note(text));
+                }
+                Ok(())
+            }
             Message::ChannelStatus {
                 index,
                 received,
@@ -589,6 +605,7 @@ mod tests {
             idle_timeout: None,
             peer_may_skip: true,
             peer_may_hold: true,
+            peer_may_note: true,
         }
     }
 
@@ -601,6 +618,7 @@ mod tests {
             mtime_sec: 1,
             mtime_nsec: 0,
             link_target: Vec::new(),
+            meta: None,
         }
     }
 

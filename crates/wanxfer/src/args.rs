@@ -13,6 +13,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use wanxfer_engine::fs::WriteMode;
 use wanxfer_engine::ops::{server_address, RemoteUrl};
+use wanxfer_engine::preserve::Preserve;
 use wanxfer_engine::select::parse_file_list;
 use wanxfer_engine::session::{
     ClientConfig, ClientJob, PullDest, RetryPolicy, ServerLimits, Transport, Tuning,
@@ -672,6 +673,17 @@ pub struct CpArgs {
     /// on the server, beneath its root).
     #[arg(long)]
     pub parents: bool,
+    /// Keep more than mode and mtime (comma-separated, repeatable): owner and group
+    /// (numeric ids; only where the receiving side runs as root), xattrs (user.*
+    /// attributes; trusted.* and security.* never travel), acls (POSIX ACLs). What the
+    /// destination cannot keep is noted once, not failed.
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
+    pub preserve: Vec<PreserveArg>,
+    /// Archive: --preserve owner,group,xattrs,acls, each where the destination allows
+    /// it (owner and group only where the receiving side runs as root, attributes
+    /// only where its file system has them); modes and mtimes are always kept.
+    #[arg(long, short = 'a')]
+    pub archive: bool,
     /// --include and --exclude in the order given on the command line (filled in after
     /// parsing, from the positions clap records).
     #[arg(skip)]
@@ -702,6 +714,19 @@ pub fn ordered_rules(cp: &clap::ArgMatches) -> Vec<SelectRule> {
     }
     rules.sort_by_key(|(i, _)| *i);
     rules.into_iter().map(|(_, r)| r).collect()
+}
+
+/// One item of `cp --preserve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PreserveArg {
+    /// The numeric owner (uid).
+    Owner,
+    /// The numeric group (gid).
+    Group,
+    /// user.* extended attributes.
+    Xattrs,
+    /// POSIX ACLs (access and default).
+    Acls,
 }
 
 /// How file bytes are sent.
@@ -882,6 +907,7 @@ impl CpArgs {
         config.security = self.security.security(self.quiet);
         config.client_cert = self.security.identity.pair()?;
         config.selection = self.selection()?;
+        config.preserve = self.preserve();
         config.make_parents = self.parents;
         Ok(Request { config, job })
     }
@@ -930,6 +956,13 @@ impl CpArgs {
             return Err(Error::Usage(
                 "--exclude, --include, --files-from, --dry-run and --parents are not (yet) \
                  supported between two servers: copy the selection in its own commands"
+                    .into(),
+            ));
+        }
+        if self.archive || !self.preserve.is_empty() {
+            return Err(Error::Usage(
+                "--preserve and -a are not (yet) supported between two servers: copy \
+                 through this host, or run the copy on one of them"
                     .into(),
             ));
         }
@@ -989,6 +1022,23 @@ impl CpArgs {
             dest_path: dest,
             into: ends_with_slash(self.paths.last().expect("clap requires two paths")),
         }))
+    }
+
+    /// What --preserve and -a ask to keep.
+    fn preserve(&self) -> Preserve {
+        if self.archive {
+            return Preserve::ALL;
+        }
+        let mut keep = Preserve::default();
+        for item in &self.preserve {
+            match item {
+                PreserveArg::Owner => keep.owner = true,
+                PreserveArg::Group => keep.group = true,
+                PreserveArg::Xattrs => keep.xattrs = true,
+                PreserveArg::Acls => keep.acls = true,
+            }
+        }
+        keep
     }
 
     /// The rules and the --files-from list, read now: a list that cannot be read or

@@ -273,6 +273,9 @@ struct JsonReport<'a> {
     block_checksum: bool,
     file_digest: bool,
     skipped: &'a [String],
+    /// What --preserve could not keep, once per kind.
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    notes: &'a [String],
     /// A copy between two servers: the counts above are the source's, the CPU here this
     /// client's and the peer's the source server's.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -406,6 +409,7 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool, quiet: bool) {
             block_checksum: tuning.block_crc || tuning.file_digest,
             file_digest: tuning.file_digest,
             skipped: &report.skipped,
+            notes: &report.notes,
             third_party: report.third_party.as_ref().map(|t| ThirdPartyJson {
                 source: &t.source,
                 destination: &t.destination,
@@ -430,6 +434,9 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool, quiet: bool) {
     }
     for s in &report.skipped {
         eprintln!("wanxfer: skipped {s}: not a file, directory or symlink");
+    }
+    for note in &report.notes {
+        eprintln!("wanxfer: note: {note}");
     }
     if let Some(why) = &report.io.fallback {
         eprintln!("wanxfer: note: {why}");

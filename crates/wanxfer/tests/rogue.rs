@@ -438,6 +438,7 @@ fn file_entry(path: &str, size: u64) -> Entry {
         mtime_sec: 1_600_000_000,
         mtime_nsec: 0,
         link_target: Vec::new(),
+        meta: None,
     }
 }
 

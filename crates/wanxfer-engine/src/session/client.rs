@@ -23,6 +23,7 @@ use super::{random, Params, Transport, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
 use crate::digest::BlockKey;
 use crate::fs::{Kind, Root};
 use crate::pool::Cancel;
+use crate::preserve::Preserve;
 use crate::progress::{process_cpu, CpuMeter, CpuTime, IoUse, Progress};
 use crate::select::Matcher;
 use crate::sink::{Placement, Sink, SinkLimits};
@@ -78,6 +79,9 @@ pub struct ClientConfig {
     /// Which entries beneath the sources move (`--exclude`, `--include`,
     /// `--files-from`): applied here for a push, sent to the server for a pull.
     pub selection: Selection,
+    /// What is kept beyond mode and mtime (`--preserve`, `-a`), where the receiving
+    /// side may keep it.
+    pub preserve: Preserve,
     /// Create the destination's missing parent directories first (`cp --parents`): a
     /// remote one through the server's `mkdir -p`, confined to its root.
     pub make_parents: bool,
@@ -118,6 +122,7 @@ impl ClientConfig {
             client_cert: None,
             grant: None,
             selection: Selection::default(),
+            preserve: Preserve::default(),
             make_parents: false,
         }
     }
@@ -202,6 +207,8 @@ pub struct Report {
     pub zerocopy_sends: u64,
     pub zerocopy_copied: u64,
     pub skipped: Vec<String>,
+    /// What `--preserve` could not keep, once per kind (not failures).
+    pub notes: Vec<String>,
     /// Sessions it took (1 without retries).
     pub attempts: u32,
     /// Data channels that died mid-transfer and were replaced.
@@ -469,14 +476,33 @@ fn run_once(
         asked.streams = asked.streams.max(super::AUTO_POOL_STREAMS);
     }
     let tuning = asked.fitted(matches!(job, ClientJob::Pull { .. }));
-    let request = open_request(
+    let mut request = open_request(
         job,
         &tuning,
         *id,
         pinned.unwrap_or(Wire::Resolve),
         &cfg.selection,
     );
-    let agreed = handshake(cfg, request)?;
+    let mut notes = Vec::new();
+    let owner_group = session_flags::PRESERVE_OWNER | session_flags::PRESERVE_GROUP;
+    let asked = cfg.preserve.flags();
+    if !matches!(job, ClientJob::Pull { .. }) || crate::preserve::may_chown() {
+        request.flags |= asked;
+    } else {
+        request.flags |= asked & !owner_group;
+        if asked & owner_group != 0 {
+            notes.push("owner and group not kept: this side does not run as root".to_string());
+        }
+    }
+    let agreed = handshake(cfg, request.clone())?;
+    if matches!(job, ClientJob::Push { .. })
+        && request.flags & owner_group & !agreed.accepted.flags != 0
+    {
+        notes.push(format!(
+            "owner and group not kept: the server {} does not run as root",
+            cfg.server
+        ));
+    }
     if let ClientJob::Push { .. } = job {
         state.set_placement(id, agreed.accepted.placement)?;
     }
@@ -587,6 +613,7 @@ fn run_once(
                 durable: cfg.tuning.durable,
                 block_size: u64::from(params.block_size),
                 checkpoint_bytes: checkpoint_bytes(&params),
+                preserve: params.preserve,
                 ..SinkLimits::default()
             };
             let report: crate::commit::Report = Arc::new(move |id, result| {
@@ -605,6 +632,8 @@ fn run_once(
         }
     }?;
     let mut report = report(cfg, &params, &agreed, outcome, &progress);
+    notes.append(&mut report.notes);
+    report.notes = notes;
     report.fabric = transport.fabric_names();
     let protection = agreed.stream.protection();
     report.encryption = protection.encryption;
@@ -653,6 +682,7 @@ fn report(
         zerocopy_sends: load(&progress.zerocopy_sends),
         zerocopy_copied: load(&progress.zerocopy_copied),
         skipped: outcome.skipped,
+        notes: outcome.notes,
         attempts: 1,
         channels_lost: outcome.channels_lost,
         failures: outcome
@@ -820,6 +850,14 @@ fn handshake(cfg: &ClientConfig, request: OpenSession) -> Result<Agreed, Error> 
             {
                 return Err(Error::Usage(format!(
                     "{peer} does not offer the fabric transport (start it with --transport fabric)"
+                )));
+            }
+            if request.flags & session_flags::PRESERVE_ALL != 0
+                && greeting.features & features::PRESERVE == 0
+            {
+                return Err(Error::Usage(format!(
+                    "{peer} cannot preserve owners, groups or attributes (--preserve, -a): it \
+                     runs an older wanxfer"
                 )));
             }
             if !request.selection.is_empty() && greeting.features & features::SELECT == 0 {

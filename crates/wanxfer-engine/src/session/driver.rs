@@ -106,6 +106,8 @@ pub struct Outcome {
     pub channels_lost: u64,
     /// Client: what the tuner chose and why, and what each channel measured.
     pub tune: Option<TuneReport>,
+    /// What `cp --preserve` could not keep (the receiver's notes, once per kind) or send.
+    pub notes: Vec<String>,
 }
 
 /// Opens one more data connection for the session (client): connect, greet, join.
@@ -812,6 +814,7 @@ impl Driver {
                 peer_may_hold: p.features
                     & (wanxfer_proto::features::RESUME | wanxfer_proto::features::COMPARE)
                     != 0,
+                peer_may_note: p.features & wanxfer_proto::features::PRESERVE != 0,
             },
             now,
         );
@@ -820,7 +823,9 @@ impl Driver {
         }
         self.start_steering(true);
         self.open_initial_links();
-        let mut walker = Walker::new(source).selecting(selection);
+        let mut walker = Walker::new(source)
+            .selecting(selection)
+            .preserving(p.preserve);
         let mut walking = true;
         let mut contents: HashMap<u64, FileJob> = HashMap::new();
         let mut queued: VecDeque<ReadJob> = VecDeque::new();
@@ -836,6 +841,11 @@ impl Driver {
                         let skipped = std::mem::take(&mut walker.skipped);
                         machine.skipped(skipped.iter().map(|s| s.as_bytes().to_vec()).collect());
                         self.outcome.skipped.extend(skipped);
+                        for left_out in walker.left_out.drain(..).take(wanxfer_session::MAX_NOTES) {
+                            self.outcome
+                                .notes
+                                .push(format!("not all extended attributes sent: {left_out}"));
+                        }
                         machine.walk_done();
                     }
                     Some(Err(e)) => {
@@ -931,6 +941,7 @@ impl Driver {
                     }
                     MachineEvent::PeerStats(stats) => self.outcome.peer_stats = Some(stats),
                     MachineEvent::Skipped(_) => {}
+                    MachineEvent::Note(note) => self.outcome.notes.push(note),
                 }
             }
             if machine.all_resolved() {
@@ -1045,6 +1056,17 @@ impl Driver {
         match &self.setup.stats {
             Some(make) => make(&self.outcome, &self.setup.progress),
             None => Stats::default(),
+        }
+    }
+
+    /// Keeps what the sink could not preserve for this side's report, and tells the
+    /// sender (its user is the one who asked).
+    fn pass_notes(&mut self, sink: &Sink, machine: &mut ReceiverMachine) {
+        for note in sink.take_notes() {
+            if self.setup.params.features & wanxfer_proto::features::PRESERVE != 0 {
+                machine.note(&note);
+            }
+            self.outcome.notes.push(note);
         }
     }
 
@@ -1165,17 +1187,21 @@ impl Driver {
                     ),
                     MachineEvent::FinishRequested => {
                         self.outcome.failures.extend(sink.finish_dirs());
+                        self.pass_notes(sink, &mut machine);
                         let stats = self.stats();
                         machine.send_stats(stats);
                     }
                     MachineEvent::PeerStats(stats) => self.outcome.peer_stats = Some(stats),
+                    MachineEvent::Note(_) => {}
                 }
             }
             if machine.all_resolved() && self.setup.opener.is_some() && !finish_sent {
                 finish_sent = true;
                 self.outcome.failures.extend(sink.finish_dirs());
+                self.pass_notes(sink, &mut machine);
                 machine.finish();
             }
+            self.pass_notes(sink, &mut machine);
             let now = Instant::now();
             busy |= self.flush_transmit(|| machine.poll_transmit(now));
             if machine.is_done() {

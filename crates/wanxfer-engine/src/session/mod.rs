@@ -249,6 +249,9 @@ pub struct Params {
     pub auto_streams: bool,
     pub rate_bits_per_s: Option<u64>,
     pub congestion: Option<String>,
+    /// What entries carry, and the receiver keeps, beyond mode and mtime (the answer's
+    /// `PRESERVE_*` flags, with [`wanxfer_proto::features::PRESERVE`]).
+    pub preserve: crate::preserve::Preserve,
 }
 
 impl Params {
@@ -285,6 +288,11 @@ impl Params {
             auto_streams: false,
             rate_bits_per_s: tuning.rate_bits_per_s,
             congestion: tuning.congestion.clone(),
+            preserve: if features & wanxfer_proto::features::PRESERVE != 0 {
+                crate::preserve::Preserve::from_flags(a.flags)
+            } else {
+                crate::preserve::Preserve::default()
+            },
         }
     }
 

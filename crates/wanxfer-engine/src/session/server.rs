@@ -1088,7 +1088,14 @@ impl Connection {
             max_memory: l.max_session_memory,
             disk_threads: if receiving { l.writers } else { l.readers } as u32,
         };
-        let accepted = negotiate::clamp(request, &limits, session_id, wire_placement);
+        let mut accepted = negotiate::clamp(request, &limits, session_id, wire_placement);
+        // What this side cannot keep is not asked of the sender; the client learns of it
+        // from the answer and says so once.
+        if auth.negotiated() & wanxfer_proto::features::PRESERVE == 0 {
+            accepted.flags &= !session_flags::PRESERVE_ALL;
+        } else if receiving && !crate::preserve::may_chown() {
+            accepted.flags &= !(session_flags::PRESERVE_OWNER | session_flags::PRESERVE_GROUP);
+        }
         let tuning = Tuning {
             readers: l.readers,
             writers: l.writers,
@@ -1217,6 +1224,7 @@ impl Connection {
                         durable: l.durable,
                         block_size: u64::from(params.block_size),
                         checkpoint_bytes: super::client::checkpoint_bytes(&params),
+                        preserve: params.preserve,
                     },
                     journal,
                     report,

@@ -103,6 +103,7 @@ fn entry(n: u64, kind: u8, size: u64) -> Entry {
         } else {
             Vec::new()
         },
+        meta: None,
     }
 }
 
@@ -563,6 +564,7 @@ pub fn run(data: &[u8]) -> Reached {
                 idle_timeout: None,
                 peer_may_skip: true,
                 peer_may_hold: true,
+                peer_may_note: true,
             },
             base,
         )),

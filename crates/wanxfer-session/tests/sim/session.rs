@@ -495,6 +495,7 @@ impl<'w> Session<'w> {
                     idle_timeout: None,
                     peer_may_skip: true,
                     peer_may_hold: true,
+                    peer_may_note: true,
                 },
                 base,
             ),
@@ -1174,7 +1175,7 @@ impl<'w> Session<'w> {
                     }
                 }
                 Event::FinishRequested => s.m.send_stats(Stats::default()),
-                Event::PeerStats(_) | Event::Skipped(_) => {}
+                Event::PeerStats(_) | Event::Skipped(_) | Event::Note(_) => {}
             }
         }
         if s.m.all_resolved() {
@@ -1500,7 +1501,7 @@ impl<'w> Session<'w> {
                     }
                 }
                 Event::FinishRequested => r.m.send_stats(Stats::default()),
-                Event::PeerStats(_) | Event::Skipped(_) => {}
+                Event::PeerStats(_) | Event::Skipped(_) | Event::Note(_) => {}
             }
         }
         if r.m.all_resolved() && r.links.client && !r.finish_sent {
@@ -2316,6 +2317,7 @@ pub fn entry_of(e: &super::world::SrcEntry) -> Entry {
         mtime_sec: e.mtime.0,
         mtime_nsec: e.mtime.1,
         link_target: e.target.clone(),
+        meta: None,
     }
 }
 

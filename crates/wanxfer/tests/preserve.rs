@@ -1,0 +1,362 @@
+//! `cp --preserve` and `-a` end to end over loopback (issue 20, item 3): owners and
+//! groups, `user.*` attributes and POSIX ACLs kept on the destination, pushed (the
+//! server keeps them) and pulled (the client does); nothing extra kept without the flag;
+//! a destination that does not run as root lands the files and says, once, that owners
+//! were not kept. Owners other than the test's own need root: as another user these
+//! tests skip.
+
+mod common;
+
+use std::ffi::OsString;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use rustix::fs::XattrFlags;
+
+/// A POSIX ACL as the kernel stores it in `system.posix_acl_access`: version 2, then
+/// (tag, permissions, id) sorted by tag: owner rw-, user 1234 r--, group r--, mask r--,
+/// other ---. What `setfacl -m u:1234:r` would leave on a 0640 file.
+fn acl_bytes() -> Vec<u8> {
+    const UNDEFINED: u32 = u32::MAX;
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (0x01u16, 6u16, UNDEFINED),
+        (0x02, 4, 1234),
+        (0x04, 4, UNDEFINED),
+        (0x10, 4, UNDEFINED),
+        (0x20, 0, UNDEFINED),
+    ] {
+        acl.extend_from_slice(&tag.to_le_bytes());
+        acl.extend_from_slice(&perm.to_le_bytes());
+        acl.extend_from_slice(&id.to_le_bytes());
+    }
+    acl
+}
+
+fn set_xattr(path: &Path, name: &str, value: &[u8]) {
+    rustix::fs::setxattr(path, name, value, XattrFlags::empty())
+        .unwrap_or_else(|e| panic!("set {name} on {}: {e}", path.display()));
+}
+
+/// The attribute's value, `None` if the file has none of that name.
+fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; 65536];
+    match rustix::fs::lgetxattr(path, name, &mut buf[..]) {
+        Ok(len) => Some(buf[..len].to_vec()),
+        Err(rustix::io::Errno::NODATA) => None,
+        Err(e) => panic!("get {name} of {}: {e}", path.display()),
+    }
+}
+
+fn user_xattrs(path: &Path) -> Vec<String> {
+    let mut buf = vec![0u8; 65536];
+    let len = rustix::fs::llistxattr(path, &mut buf[..]).unwrap();
+    let mut names: Vec<String> = buf[..len]
+        .split(|b| *b == 0)
+        .filter(|n| n.starts_with(b"user."))
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn chown(path: &Path, uid: u32, gid: u32) {
+    std::os::unix::fs::lchown(path, Some(uid), Some(gid))
+        .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
+}
+
+/// Where the test's temporary directory takes `user.*` attributes and ACLs (ext4 and
+/// tmpfs do); `false`, with a note, where it does not.
+fn attributes_work(dir: &Path) -> bool {
+    let probe = dir.join("probe");
+    fs::write(&probe, b"").unwrap();
+    let works = rustix::fs::setxattr(&probe, "user.probe", b"1", XattrFlags::empty()).is_ok()
+        && rustix::fs::setxattr(
+            &probe,
+            "system.posix_acl_access",
+            &acl_bytes(),
+            XattrFlags::empty(),
+        )
+        .is_ok();
+    fs::remove_file(&probe).unwrap();
+    if !works {
+        eprintln!(
+            "skipped: {} takes no user.* attributes or ACLs",
+            dir.display()
+        );
+    }
+    works
+}
+
+/// A tree owned by others, with attributes and an ACL:
+/// - `owned.txt` 1234:4321 with `user.origin`;
+/// - `dir/` 2345:5432 with `user.dir`, and in it `dir/inner.bin` (two blocks' worth)
+///   2346:6432 with two attributes;
+/// - `acl.txt` with the ACL of [`acl_bytes`];
+/// - `link`, a symlink owned by 3456:6543.
+fn make_tree(at: &Path) {
+    fs::create_dir_all(at.join("dir")).unwrap();
+    let owned = at.join("owned.txt");
+    write_pattern(&owned, 5000, 1);
+    set_xattr(&owned, "user.origin", b"detector-7");
+    chown(&owned, 1234, 4321);
+    let inner = at.join("dir/inner.bin");
+    write_pattern(&inner, 9 << 20, 2);
+    set_xattr(&inner, "user.a", b"alpha");
+    set_xattr(&inner, "user.b", &[0u8, 1, 2, 255]);
+    chown(&inner, 2346, 6432);
+    set_xattr(&at.join("dir"), "user.dir", b"d");
+    chown(&at.join("dir"), 2345, 5432);
+    let acl = at.join("acl.txt");
+    write_pattern(&acl, 100, 3);
+    set_mode(&acl, 0o640);
+    set_xattr(&acl, "system.posix_acl_access", &acl_bytes());
+    std::os::unix::fs::symlink("owned.txt", at.join("link")).unwrap();
+    chown(&at.join("link"), 3456, 6543);
+}
+
+/// What [`make_tree`] made is all there at `copy`, kept.
+#[track_caller]
+fn assert_kept(copy: &Path) {
+    let ids = |rel: &str| {
+        let m = fs::symlink_metadata(copy.join(rel)).unwrap();
+        (m.uid(), m.gid())
+    };
+    assert_eq!(ids("owned.txt"), (1234, 4321));
+    assert_eq!(ids("dir"), (2345, 5432));
+    assert_eq!(ids("dir/inner.bin"), (2346, 6432));
+    assert_eq!(ids("link"), (3456, 6543));
+    assert_eq!(
+        xattr(&copy.join("owned.txt"), "user.origin").as_deref(),
+        Some(&b"detector-7"[..])
+    );
+    assert_eq!(
+        xattr(&copy.join("dir/inner.bin"), "user.b").as_deref(),
+        Some(&[0u8, 1, 2, 255][..])
+    );
+    assert_eq!(
+        user_xattrs(&copy.join("dir/inner.bin")),
+        ["user.a", "user.b"]
+    );
+    assert_eq!(
+        xattr(&copy.join("dir"), "user.dir").as_deref(),
+        Some(&b"d"[..])
+    );
+    assert_eq!(
+        xattr(&copy.join("acl.txt"), "system.posix_acl_access"),
+        Some(acl_bytes())
+    );
+    let mode = fs::metadata(copy.join("acl.txt"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o640);
+}
+
+/// Nothing of what [`make_tree`] set beyond mode and mtime is at `copy`.
+#[track_caller]
+fn assert_not_kept(copy: &Path, uid: u32) {
+    for rel in ["owned.txt", "dir", "dir/inner.bin", "acl.txt"] {
+        let path = copy.join(rel);
+        assert_eq!(fs::metadata(&path).unwrap().uid(), uid, "{rel}");
+        assert!(user_xattrs(&path).is_empty(), "{rel}");
+        assert_eq!(xattr(&path, "system.posix_acl_access"), None, "{rel}");
+    }
+}
+
+/// A site with the tree at `src/data` beside the server's root; `None` (skipped) unless
+/// root, on a file system with attributes.
+fn site() -> Option<Site> {
+    if !is_root() {
+        eprintln!("skipped: files owned by others need root");
+        return None;
+    }
+    let site = Site::new();
+    if !attributes_work(site.dir.path()) {
+        return None;
+    }
+    make_tree(&site.path("src/data"));
+    Some(site)
+}
+
+fn args(flags: &[&str], from: impl Into<OsString>, to: impl Into<OsString>) -> Vec<OsString> {
+    let mut args: Vec<OsString> = flags.iter().map(OsString::from).collect();
+    args.push(from.into());
+    args.push(to.into());
+    args
+}
+
+#[test]
+fn preserve_keeps_owners_attributes_and_acls_pushed_and_pulled() {
+    let Some(site) = site() else { return };
+    let src = site.path("src/data");
+    let flags = ["--preserve", "owner,group", "--preserve=xattrs,acls"];
+    cp(args(&flags, &src, site.server.url("pushed"))).assert_ok();
+    let pushed = site.root().join("pushed");
+    assert_same_tree(&src, &pushed, false);
+    assert_kept(&pushed);
+
+    // Pulled back with -a: the server reads what it keeps, the client applies it.
+    let pulled = site.path("pulled");
+    cp(args(&["-a"], site.server.url("pushed"), &pulled)).assert_ok();
+    assert_same_tree(&src, &pulled, false);
+    assert_kept(&pulled);
+
+    // A re-run finds everything in place, and puts back what was changed since.
+    chown(&pulled.join("owned.txt"), 0, 0);
+    set_xattr(&pulled.join("owned.txt"), "user.extra", b"x");
+    let again = cp(args(&["-a", "--json"], site.server.url("pushed"), &pulled));
+    again.assert_ok();
+    // Three files and the symlink (directories are not counted).
+    assert_eq!(again.json()["files_up_to_date"], 4, "{again:#?}");
+    assert_kept(&pulled);
+    assert_eq!(user_xattrs(&pulled.join("owned.txt")), ["user.origin"]);
+}
+
+#[test]
+fn without_preserve_only_modes_and_times_are_kept() {
+    let Some(site) = site() else { return };
+    let src = site.path("src/data");
+    cp(args(&[], &src, site.server.url("plain"))).assert_ok();
+    let pushed = site.root().join("plain");
+    assert_same_tree(&src, &pushed, false);
+    assert_not_kept(&pushed, 0);
+    let pulled = site.path("plain-pulled");
+    fs::create_dir_all(site.root().join("orig")).unwrap();
+    make_tree(&site.root().join("orig/data"));
+    cp(args(&[], site.server.url("orig/data"), &pulled)).assert_ok();
+    assert_not_kept(&pulled, 0);
+    // Asked for attributes only: owners stay the receiver's.
+    let xattrs_only = site.path("xattrs-only");
+    cp(args(
+        &["--preserve", "xattrs"],
+        site.server.url("orig/data"),
+        &xattrs_only,
+    ))
+    .assert_ok();
+    let inner = xattrs_only.join("dir/inner.bin");
+    assert_eq!(fs::metadata(&inner).unwrap().uid(), 0);
+    assert_eq!(user_xattrs(&inner), ["user.a", "user.b"]);
+    assert_eq!(
+        xattr(&xattrs_only.join("acl.txt"), "system.posix_acl_access"),
+        None
+    );
+}
+
+/// `setpriv` as `nobody`, with a home of its own for state and pinned certificates.
+fn as_nobody(home: &Path) -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(wanxfer_bin())
+        .env("WANXFER_STATE_DIR", home.join("state"));
+    cmd
+}
+
+fn nobody_dir(path: PathBuf) -> PathBuf {
+    fs::create_dir_all(&path).unwrap();
+    chown(&path, 65534, 65534);
+    path
+}
+
+#[test]
+fn a_destination_not_running_as_root_keeps_the_rest_and_notes_owners_once() {
+    let Some(site) = site() else { return };
+    // `nobody` must reach its directories through the test's private one.
+    fs::set_permissions(site.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let home = nobody_dir(site.path("nobody"));
+    let dest = nobody_dir(home.join("dest"));
+    fs::create_dir_all(site.root().join("orig")).unwrap();
+    make_tree(&site.root().join("orig/data"));
+    let mut cmd = as_nobody(&home);
+    cmd.args(["cp", "--json"])
+        .arg("-a")
+        .arg(site.server.url("orig/data"))
+        .arg(&dest)
+        .env("WANXFER_SECRET", SECRET);
+    let run = Run::from_cmd(cmd);
+    run.assert_ok();
+    let notes = run.json()["notes"].clone();
+    let notes: Vec<String> = serde_json::from_value(notes).unwrap();
+    let about_owners: Vec<&String> = notes.iter().filter(|n| n.contains("owner")).collect();
+    assert_eq!(about_owners.len(), 1, "{notes:?}");
+    assert!(about_owners[0].contains("not run as root"), "{notes:?}");
+    let copy = dest.join("data");
+    assert_same_tree(&site.root().join("orig/data"), &copy, false);
+    let inner = copy.join("dir/inner.bin");
+    assert_eq!(fs::metadata(&inner).unwrap().uid(), 65534);
+    assert_eq!(user_xattrs(&inner), ["user.a", "user.b"]);
+    assert_eq!(
+        xattr(&copy.join("acl.txt"), "system.posix_acl_access"),
+        Some(acl_bytes())
+    );
+
+    // Pushing to a server that does not run as root: the client says so, once.
+    let served = nobody_dir(site.path("nobody/served"));
+    let mut serve = as_nobody(&home);
+    serve.args(["serve", "--listen", "127.0.0.1:0"]);
+    let (cert, key) = test_identity();
+    let identity = nobody_dir(site.path("nobody/identity"));
+    for (from, name) in [(cert, "cert.pem"), (key, "key.pem")] {
+        fs::copy(&from, identity.join(name)).unwrap();
+        chown(&identity.join(name), 65534, 65534);
+    }
+    let server_state = nobody_dir(home.join("server-state"));
+    let server = Server::start_with(
+        serve,
+        &served,
+        &[
+            "--state-dir",
+            server_state.to_str().unwrap(),
+            "--cert",
+            identity.join("cert.pem").to_str().unwrap(),
+            "--key",
+            identity.join("key.pem").to_str().unwrap(),
+        ],
+    );
+    let run = cp_with_notes(args(&["-a"], site.path("src/data"), server.url("in")));
+    run.assert_ok();
+    assert_eq!(
+        run.stderr.matches("owner and group not kept").count(),
+        1,
+        "{run:#?}"
+    );
+    assert!(run.stderr.contains("does not run as root"), "{run:#?}");
+    let copy = served.join("in");
+    assert_eq!(fs::metadata(copy.join("owned.txt")).unwrap().uid(), 65534);
+    assert_eq!(
+        user_xattrs(&copy.join("dir/inner.bin")),
+        ["user.a", "user.b"]
+    );
+}
+
+#[test]
+fn preserve_between_two_servers_is_refused_with_a_reason() {
+    let run = cp(["-a", "wanxfer://127.0.0.1:1/x", "wanxfer://127.0.0.1:2/y"]);
+    run.assert_code(2)
+        .assert_stderr_mentions("--preserve and -a are not (yet) supported between two servers");
+}
+
+#[test]
+fn a_destination_without_attributes_lands_the_files_and_the_server_notes_it_once() {
+    let Some(site) = site() else { return };
+    // ramfs keeps no extended attributes: every set is refused with ENOTSUP.
+    let Some(ramfs) = Site::on_mount("ramfs", "mode=755", &[]) else {
+        return;
+    };
+    let src = site.path("src/data");
+    let run = cp_with_notes(args(&["-a"], &src, ramfs.server.url("in")));
+    run.assert_ok();
+    let noted = "extended attributes and ACLs not kept: the destination's file system does \
+                 not support them";
+    assert_eq!(run.stderr.matches(noted).count(), 1, "{run:#?}");
+    let copy = ramfs.root().join("in");
+    assert_same_tree(&src, &copy, false);
+    // Owners are still kept: the server runs as root.
+    assert_eq!(
+        fs::metadata(copy.join("dir/inner.bin")).unwrap().uid(),
+        2346
+    );
+}
