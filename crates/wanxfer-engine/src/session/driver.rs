@@ -725,6 +725,11 @@ impl Driver {
                 e.message = cut(&e.message);
                 Message::Error(e)
             }
+            Message::Note { text } => {
+                let mut text = shown(&String::from_utf8_lossy(&text)).into_bytes();
+                text.truncate(wanxfer_proto::MAX_NOTE_BYTES);
+                Message::Note { text }
+            }
             other => other,
         }
     }
