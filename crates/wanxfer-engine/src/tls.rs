@@ -524,6 +524,60 @@ impl ServerCertVerifier for PinVerifier {
     }
 }
 
+/// rustls's own chain verification against `--ca`, which also records the certificate it
+/// accepted: a third-party copy tells its source to expect exactly that one.
+#[derive(Debug)]
+struct CaVerifier {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+    seen: Arc<Mutex<Seen>>,
+}
+
+impl ServerCertVerifier for CaVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let verified = self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        )?;
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .fingerprint = Some(fingerprint(end_entity));
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
 /// A client's TLS set-up for one server: its rustls configuration and the record of what
 /// the certificate check saw.
 pub struct ClientTls {
@@ -591,7 +645,22 @@ impl ClientTls {
                         file.display()
                     )));
                 }
-                (builder.with_root_certificates(roots), None)
+                let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .map_err(|e| Error::Usage(format!("--ca {}: {e}", file.display())))?;
+                let verifier = CaVerifier {
+                    inner,
+                    seen: seen.clone(),
+                };
+                (
+                    builder
+                        .dangerous()
+                        .with_custom_certificate_verifier(Arc::new(verifier)),
+                    None,
+                )
             }
         };
         let mut config = match client_cert {

@@ -16,8 +16,8 @@ use wanxfer_engine::ops::{server_address, RemoteUrl};
 use wanxfer_engine::preserve::Preserve;
 use wanxfer_engine::select::parse_file_list;
 use wanxfer_engine::session::{
-    ClientConfig, ClientJob, PullDest, RetryPolicy, ServerLimits, Transport, Tuning,
-    DEFAULT_IDLE_TIMEOUT,
+    ClientConfig, ClientCredential, ClientJob, PullDest, RetryPolicy, ServerLimits, Transport,
+    Tuning, DEFAULT_IDLE_TIMEOUT,
 };
 use wanxfer_engine::source::{IoMode, Source};
 use wanxfer_engine::Error;
@@ -593,6 +593,14 @@ pub struct CpArgs {
     /// --secret-file, else WANXFER_SECRET).
     #[arg(long, value_name = "FILE")]
     pub dest_secret_file: Option<PathBuf>,
+    /// Copies between two servers: a bearer token for the source server (it needs
+    /// storage.read there), instead of its secret.
+    #[arg(long, value_name = "FILE", conflicts_with = "source_secret_file")]
+    pub source_token: Option<PathBuf>,
+    /// Copies between two servers: a bearer token for the destination server (it needs
+    /// storage.create, or storage.modify over what exists), instead of its secret.
+    #[arg(long, value_name = "FILE", conflicts_with = "dest_secret_file")]
+    pub dest_token: Option<PathBuf>,
     /// With --no-file-digest: no block CRC either, nothing is checked (measuring protocol
     /// cost). On its own it changes nothing: the segment digests check every block.
     #[arg(long)]
@@ -979,31 +987,49 @@ impl CpArgs {
             ));
         }
         let source_server = source_server.expect("at least one remote source");
-        let credential = |side: &str, server: &str, file: &Option<PathBuf>, flag: &str| {
-            let file = file.as_deref().or(self.secret_file.as_deref());
-            let env = wanxfer_engine::secret::SECRET_ENV;
-            if file.is_none() && std::env::var_os(env).is_none_or(|v| v.is_empty()) {
-                return Err(Error::Usage(format!(
-                    "no credential for the {side} server {server}: give {flag} FILE or \
-                     --secret-file FILE, or set {env}"
-                )));
+        // Each side's own flag first; then what a one-server copy would use (--token,
+        // --cert/--key, --secret-file, the environment, token discovery).
+        let credential = |side: &str,
+                          server: &str,
+                          file: &Option<PathBuf>,
+                          token: &Option<PathBuf>,
+                          flag: &str| {
+            if let Some(token) = token {
+                let token = crate::secret::read_token(token)?;
+                return Ok((Vec::new(), Some(ClientCredential::Token(token))));
             }
-            crate::secret::for_client(file)
+            if let Some(file) = file {
+                return Ok((crate::secret::for_client(Some(file))?, None));
+            }
+            crate::secret::for_client_with(self.secret_file.as_deref(), &self.security).map_err(
+                |e| match e {
+                    Error::Usage(why) => Error::Usage(format!(
+                        "no credential for the {side} server {server}: give {flag} FILE, \
+                         {flag_token} FILE or --secret-file FILE, or set {env} ({why})",
+                        flag_token = flag.replace("secret-file", "token"),
+                        env = wanxfer_engine::secret::SECRET_ENV,
+                    )),
+                    e => e,
+                },
+            )
         };
-        let source_secret = credential(
+        let source_credential = credential(
             "source",
             &source_server,
             &self.source_secret_file,
+            &self.source_token,
             "--source-secret-file",
         )?;
-        let dest_secret = credential(
+        let dest_credential = credential(
             "destination",
             &dest_server,
             &self.dest_secret_file,
+            &self.dest_token,
             "--dest-secret-file",
         )?;
-        let config = |server: &str, secret: Vec<u8>| {
+        let config = |server: &str, (secret, credential): (Vec<u8>, Option<ClientCredential>)| {
             let mut config = ClientConfig::new(server.to_string(), secret, self.tuning());
+            config.credential = credential;
             config.connect_timeout = Duration::from_secs(self.connect_timeout.max(1));
             config.retry = RetryPolicy {
                 retries: self.retries,
@@ -1016,8 +1042,8 @@ impl CpArgs {
             config
         };
         Ok(Some(ThirdPartyRequest {
-            source: config(&source_server, source_secret),
-            dest: config(&dest_server, dest_secret),
+            source: config(&source_server, source_credential),
+            dest: config(&dest_server, dest_credential),
             sources,
             dest_path: dest,
             into: ends_with_slash(self.paths.last().expect("clap requires two paths")),

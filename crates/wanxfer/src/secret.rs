@@ -110,7 +110,7 @@ pub fn for_client_with(
 }
 
 /// A token file's contents, trimmed; bounded as the protocol bounds it.
-fn read_token(path: &Path) -> Result<Vec<u8>, Error> {
+pub fn read_token(path: &Path) -> Result<Vec<u8>, Error> {
     let too_long = || {
         Error::Usage(format!(
             "{}: longer than a token may be ({MAX_TOKEN_BYTES} bytes)",

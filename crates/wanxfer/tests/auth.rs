@@ -584,6 +584,43 @@ fn a_token_subject_named_by_an_export_writes_without_scopes() {
     assert_eq!(tree(&pki.path("team")), before);
 }
 
+/// A copy between two servers with a token for each side: the source reads with one,
+/// the destination grants with the other, and a token without create scope there stops
+/// it before anything moves.
+#[test]
+fn a_copy_between_two_servers_takes_a_token_for_each_side() {
+    let pki = Pki::new();
+    let a = Served::start(&pki);
+    let b = Served::start(&pki);
+    common::write_pattern(&pki.path("data/tpc-src.bin"), 2 << 20, 6);
+    let reader = pki.token(serde_json::json!({"scope": "storage.read:/"}));
+    let writer = pki.token(serde_json::json!({"scope": "storage.create:/"}));
+    let copy = |dest_token: &Path, name: &str| {
+        run(
+            &pki,
+            "cp",
+            &[
+                os("--source-token"),
+                reader.as_os_str(),
+                os("--dest-token"),
+                dest_token.as_os_str(),
+                os(&a.url("data/tpc-src.bin")),
+                os(&b.url(&format!("data/{name}"))),
+            ],
+        )
+    };
+    copy(&writer, "tpc-copy.bin").assert_ok();
+    assert_eq!(
+        fs::read(pki.path("data/tpc-copy.bin")).unwrap(),
+        fs::read(pki.path("data/tpc-src.bin")).unwrap()
+    );
+    let before = tree(&pki.path("data"));
+    copy(&reader, "tpc-refused.bin")
+        .assert_code(3)
+        .assert_stderr_mentions("storage.create");
+    assert_eq!(tree(&pki.path("data")), before);
+}
+
 /// A server whose exports name only tokens and certificates starts without a secret. A
 /// token works; a client proving a secret is told the server takes none, exit 3.
 #[test]
