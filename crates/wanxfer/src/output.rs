@@ -228,8 +228,13 @@ struct JsonReport<'a> {
     attempts: u32,
     /// Data channels that died mid-transfer (their blocks were sent again on others).
     channels_lost: u64,
-    /// Round trips from connecting to the session being agreed.
+    /// Request/response waits from connecting to the first data byte, on the longest
+    /// chain of them (the session's own when nothing moved).
     setup_round_trips: u32,
+    /// Of those, the waits until the session was agreed.
+    session_round_trips: u32,
+    /// Seconds from connecting to the first data byte (0 when nothing moved).
+    setup_seconds: f64,
     /// The TLS suite every connection used, or `none` (`--no-encryption`).
     encryption: &'a str,
     /// Where the data channels' TLS records were sealed: `rustls`, `kernel`, `none`.
@@ -380,6 +385,8 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool, quiet: bool) {
             attempts: report.attempts,
             channels_lost: report.channels_lost,
             setup_round_trips: report.setup_round_trips,
+            session_round_trips: report.session_round_trips,
+            setup_seconds: report.setup_seconds,
             encryption: &report.encryption,
             tls_records: report.tls_records,
             failed: failed_json(report),

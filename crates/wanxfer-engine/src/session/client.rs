@@ -17,7 +17,7 @@ use wanxfer_proto::{
 use wanxfer_session::negotiate;
 
 use super::conn::{self, Deadline};
-use super::driver::{Driver, Event, Opener, Outcome, Setup};
+use super::driver::{Driver, Event, Opened, Opener, Outcome, Setup};
 use super::state::StateDir;
 use super::{random, Params, Transport, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
 use crate::digest::BlockKey;
@@ -217,8 +217,14 @@ pub struct Report {
     pub failures: Vec<FileFailure>,
     /// The first of those as the error it was, for [`Error::Files`].
     pub first_failure: Option<Arc<Error>>,
-    /// Round trips from the first connect to the session being agreed.
+    /// Request/response waits from the control connection's connect to the first data
+    /// byte (sent, or received in a pull), on the longest chain of them; the session's
+    /// own when no block moved.
     pub setup_round_trips: u32,
+    /// Of those, the waits until the session was agreed (`SessionAccepted`).
+    pub session_round_trips: u32,
+    /// Wall clock from that connect to the first data byte (0 when no block moved).
+    pub setup_seconds: f64,
     /// The TLS suite the connections use, or `none`.
     pub encryption: String,
     /// What the tuner chose and why, and each channel's measurements.
@@ -453,7 +459,10 @@ struct Agreed {
     auth: Authenticated,
     accepted: SessionAccepted,
     fabric_port: Option<u16>,
+    /// Waits from the connect to the session's answer (see [`authenticate`]).
     round_trips: u32,
+    /// When the control connection's connect began.
+    started: Instant,
 }
 
 fn run_once(
@@ -494,7 +503,16 @@ fn run_once(
             notes.push("owner and group not kept: this side does not run as root".to_string());
         }
     }
-    let agreed = handshake(cfg, request.clone())?;
+    // The first data connections are opened as soon as the control connection is up,
+    // so that their TCP and TLS handshakes overlap its authentication; they join once
+    // the session is agreed (a join needs the session's id and key).
+    let early = Arc::new(Early::default());
+    let expected = if cfg.tuning.auto_streams {
+        cfg.tuning.streams.clamp(1, tuning.streams)
+    } else {
+        tuning.streams
+    };
+    let agreed = handshake(cfg, request.clone(), || early.start(cfg, expected))?;
     if matches!(job, ClientJob::Push { .. })
         && request.flags & owner_group & !agreed.accepted.flags != 0
     {
@@ -552,13 +570,21 @@ fn run_once(
             }),
         };
     let opener: Opener = {
-        let (cfg, tls, auth, session_id) = (
-            cfg.clone(),
-            agreed.tls.clone(),
-            agreed.auth.clone(),
-            agreed.accepted.session_id,
-        );
-        Arc::new(move |index| open_channel(&cfg, tls.as_deref(), &auth, &session_id, index))
+        let session = Session {
+            tls: agreed.tls.clone(),
+            auth: agreed.auth.clone(),
+            id: agreed.accepted.session_id,
+            certificate: agreed.stream.peer_certificate(),
+            round_trips: agreed.round_trips,
+        };
+        // As many as the driver opens at the start (see `Driver::open_initial_links`).
+        early.keep(if params.auto_streams {
+            params.start_streams
+        } else {
+            params.streams
+        });
+        let (cfg, early) = (cfg.clone(), early.clone());
+        Arc::new(move |index| open_channel(&cfg, &session, early.take(), index))
     };
     let setup = Setup {
         params: params.clone(),
@@ -571,6 +597,7 @@ fn run_once(
         opener: Some(opener),
         stats: None,
         shown: None,
+        round_trips: Some(agreed.round_trips),
     };
     let events = crossbeam_channel::bounded(super::driver::EVENT_QUEUE);
     let report_to = events.0.clone();
@@ -694,7 +721,13 @@ fn report(
             })
             .collect(),
         first_failure: outcome.failures.into_iter().next().map(Arc::new),
-        setup_round_trips: agreed.round_trips,
+        setup_round_trips: outcome
+            .first_data
+            .map_or(agreed.round_trips, |f| f.round_trips),
+        session_round_trips: agreed.round_trips,
+        setup_seconds: outcome.first_data.map_or(0.0, |f| {
+            f.at.saturating_duration_since(agreed.started).as_secs_f64()
+        }),
         tune: outcome.tune.clone(),
         encryption: String::new(),
         tls_records: "none",
@@ -720,7 +753,7 @@ pub(crate) fn open_control(
 ) -> Result<(Stream, conn::Control, Authenticated, Option<String>), Error> {
     let deadline = Deadline::after(cfg.connect_timeout);
     let tls = cfg.tls()?;
-    let (stream, auth) = authenticate(cfg, tls.as_deref(), deadline, None, |_| Ok(()))?;
+    let (stream, auth, _) = authenticate(cfg, tls.as_deref(), deadline, None, |_| Ok(()), || {})?;
     let _ = stream.set_write_timeout(None);
     let control = conn::Control::new(&stream, cfg.server.clone())?;
     // The certificate the server presented, verified (pinned, or by its CA) and proved
@@ -738,21 +771,32 @@ pub(crate) fn open_control(
 /// Connects (TLS unless the session runs without encryption), greets and proves this
 /// side knows the secret, sending `request` right behind the proof, and checks the
 /// server's proof. Without encryption, what follows the proof carries MACs both ways.
-/// The server's certificate is pinned only now, once it has proved itself.
+/// The server's certificate is pinned only now, once it has proved itself. `connected`
+/// runs once the TCP connection is up, before TLS.
+///
+/// Also returns the request/response waits it took: the connect, TLS (whose server
+/// flight carries the greeting as 0.5-RTT data) or, in plaintext, the greeting (sent
+/// when the server accepts: half a round trip after the connect returns, counted as a
+/// whole), and the server's proof, which the answer to `request` follows in one flight.
 fn authenticate(
     cfg: &ClientConfig,
     tls: Option<&ClientTls>,
     deadline: Deadline,
     request: Option<&Message>,
     check_greeting: impl FnOnce(&wanxfer_proto::Hello) -> Result<(), Error>,
-) -> Result<(Stream, Authenticated), Error> {
+    connected: impl FnOnce(),
+) -> Result<(Stream, Authenticated, u32), Error> {
     let peer = cfg.server.as_str();
     if cfg.credential.is_some() && tls.is_none() {
         return Err(Error::Usage(
             "a token or client certificate is sent only over TLS: drop --no-encryption".into(),
         ));
     }
-    let mut stream = conn::connect_secure(peer, tls, deadline, cfg.tuning.stall_timeout)?;
+    let tcp = conn::connect(peer, deadline, cfg.tuning.stall_timeout)?;
+    connected();
+    let mut stream = conn::secure(tcp, peer, tls, deadline)?;
+    // The connect, then TLS or the plaintext greeting; the proof's answer below.
+    let round_trips = 3;
     let mut handshake = match &cfg.grant {
         None => ClientHandshake::new(&cfg.secret, random()?, client_features(&cfg.tuning)),
         Some((id, secret)) => {
@@ -816,16 +860,21 @@ fn authenticate(
     if let Some(tls) = tls {
         tls.pin_if_new(peer)?;
     }
-    Ok((stream, auth))
+    Ok((stream, auth, round_trips))
 }
 
 /// Connects and agrees on a session. Under TLS the server's greeting rides in its first
 /// flight (0.5-RTT data), so the client's Finished, preamble, `Hello`, proof and request
 /// leave together once that flight is in: from the connection to the session's answer,
 /// two round trips more than the connect (TLS, then the request), as without TLS (the
-/// greeting, then the request).
-fn handshake(cfg: &ClientConfig, request: OpenSession) -> Result<Agreed, Error> {
+/// greeting, then the request). `connected` runs once the TCP connection is up.
+fn handshake(
+    cfg: &ClientConfig,
+    request: OpenSession,
+    connected: impl FnOnce(),
+) -> Result<Agreed, Error> {
     let peer = cfg.server.as_str();
+    let started = Instant::now();
     let deadline = Deadline::after(cfg.connect_timeout);
     if request.transport == TransportKind::Fabric
         && !matches!(cfg.security, ClientSecurity::Unencrypted)
@@ -838,36 +887,35 @@ fn handshake(cfg: &ClientConfig, request: OpenSession) -> Result<Agreed, Error> 
     }
     let tls = cfg.tls()?;
     let open = Message::OpenSession(request.clone());
-    let (mut stream, auth) =
-        authenticate(cfg, tls.as_deref(), deadline, Some(&open), |greeting| {
-            if cfg.grant.is_some() && greeting.features & features::THIRD_PARTY == 0 {
-                return Err(Error::Usage(format!(
-                    "{peer} does not take third-party copies (an older wanxfer)"
-                )));
-            }
-            if request.transport == TransportKind::Fabric
-                && greeting.features & features::FABRIC == 0
-            {
-                return Err(Error::Usage(format!(
-                    "{peer} does not offer the fabric transport (start it with --transport fabric)"
-                )));
-            }
-            if request.flags & session_flags::PRESERVE_ALL != 0
-                && greeting.features & features::PRESERVE == 0
-            {
-                return Err(Error::Usage(format!(
-                    "{peer} cannot preserve owners, groups or attributes (--preserve, -a): it \
-                     runs an older wanxfer"
-                )));
-            }
-            if !request.selection.is_empty() && greeting.features & features::SELECT == 0 {
-                return Err(Error::Usage(format!(
-                    "{peer} cannot select what it sends (--exclude, --include, --files-from): \
+    let check = |greeting: &wanxfer_proto::Hello| {
+        if cfg.grant.is_some() && greeting.features & features::THIRD_PARTY == 0 {
+            return Err(Error::Usage(format!(
+                "{peer} does not take third-party copies (an older wanxfer)"
+            )));
+        }
+        if request.transport == TransportKind::Fabric && greeting.features & features::FABRIC == 0 {
+            return Err(Error::Usage(format!(
+                "{peer} does not offer the fabric transport (start it with --transport fabric)"
+            )));
+        }
+        if request.flags & session_flags::PRESERVE_ALL != 0
+            && greeting.features & features::PRESERVE == 0
+        {
+            return Err(Error::Usage(format!(
+                "{peer} cannot preserve owners, groups or attributes (--preserve, -a): it \
+                 runs an older wanxfer"
+            )));
+        }
+        if !request.selection.is_empty() && greeting.features & features::SELECT == 0 {
+            return Err(Error::Usage(format!(
+                "{peer} cannot select what it sends (--exclude, --include, --files-from): \
                      it runs an older wanxfer"
-                )));
-            }
-            Ok(())
-        })?;
+            )));
+        }
+        Ok(())
+    };
+    let (mut stream, auth, round_trips) =
+        authenticate(cfg, tls.as_deref(), deadline, Some(&open), check, connected)?;
     let accepted = match conn::read_message_by(&mut stream, deadline, peer)? {
         Message::SessionAccepted(a) => a,
         Message::Error(e) => return Err(Error::remote(peer, &e)),
@@ -885,8 +933,9 @@ fn handshake(cfg: &ClientConfig, request: OpenSession) -> Result<Agreed, Error> 
         auth,
         accepted,
         fabric_port,
-        // connect, greeting or TLS, proof and request.
-        round_trips: 3,
+        // The answer came in the proof's flight; so does the fabric endpoint.
+        round_trips,
+        started,
     })
 }
 
@@ -1072,30 +1121,165 @@ fn open_request(
     }
 }
 
+/// What a data connection needs of the agreed session to join it.
+struct Session {
+    tls: Option<Arc<ClientTls>>,
+    auth: Authenticated,
+    id: [u8; 16],
+    /// The certificate the control connection's server presented and then proved to
+    /// hold the session's secret with: an early connection must have met the same one.
+    certificate: Option<Vec<u8>>,
+    round_trips: u32,
+}
+
+/// A data connection opened early: connected, TLS done, preamble sent, greeting read;
+/// nothing of the session has been sent on it yet.
+struct EarlyChannel {
+    stream: Stream,
+    greeting: wanxfer_proto::Hello,
+}
+
+/// The most data connections opened early, whatever the request asks for.
+const MAX_EARLY: u16 = 8;
+
+/// Data connections opened while the control connection authenticates. They start once
+/// its TCP connection is up (so that the server admits the control connection first,
+/// whatever its per-address limit), finish their own TCP and TLS handshakes by the time
+/// it has its answer, and are then joined without further set-up. Until the join, all
+/// they carry is the preamble: the certificate they met is compared with the one the
+/// control connection's server proved itself behind (a first use pins nothing for
+/// them), and one that fails or differs is dropped for a connection opened the usual
+/// way, after the session is agreed.
+#[derive(Default)]
+struct Early {
+    pending: std::sync::Mutex<Vec<std::thread::JoinHandle<Result<EarlyChannel, Error>>>>,
+}
+
+impl Early {
+    /// Starts opening `count` data connections in the background.
+    fn start(&self, cfg: &ClientConfig, count: u16) {
+        // Their own verifier state: the control connection's records what its server
+        // presented, for pinning once it has proved itself.
+        let tls = match cfg.tls() {
+            Ok(tls) => tls,
+            Err(_) => return,
+        };
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for _ in 0..count.min(MAX_EARLY) {
+            let (cfg, tls) = (cfg.clone(), tls.clone());
+            let spawned = std::thread::Builder::new()
+                .name("wanxfer-early".into())
+                .spawn(move || {
+                    let peer = cfg.server.as_str();
+                    let deadline = Deadline::after(cfg.connect_timeout);
+                    let mut stream = conn::connect_secure(
+                        peer,
+                        tls.as_deref(),
+                        deadline,
+                        cfg.tuning.stall_timeout,
+                    )?;
+                    conn::write_all_by(
+                        &mut stream,
+                        &Preamble::new(ConnectionKind::Data).encode(),
+                        deadline,
+                        peer,
+                    )?;
+                    let greeting = conn::read_greeting(&mut stream, deadline, peer)?;
+                    Ok(EarlyChannel { stream, greeting })
+                });
+            if let Ok(handle) = spawned {
+                pending.push(handle);
+            }
+        }
+    }
+
+    /// Closes all but `count` early connections, those already open first: the session
+    /// takes no more at its start, and a later channel must not inherit one the server
+    /// has given up on. (A server that is slow to take one, or never does, keeps its
+    /// handshake from finishing.)
+    fn keep(&self, count: u16) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.sort_by_key(|handle| !handle.is_finished());
+        // Dropping a handle detaches its thread; its connection closes when it ends.
+        pending.truncate(usize::from(count));
+    }
+
+    /// The next early connection, the first to be open (or to fail); `None` when all
+    /// are taken. Each ends within the connect timeout, so this waits no longer.
+    fn take(&self) -> Option<Result<EarlyChannel, Error>> {
+        let handle = loop {
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            if pending.is_empty() {
+                return None;
+            }
+            if let Some(done) = pending.iter().position(|h| h.is_finished()) {
+                break pending.swap_remove(done);
+            }
+            drop(pending);
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        Some(
+            handle.join().unwrap_or_else(|_| {
+                Err(Error::Internal("opening a data connection panicked".into()))
+            }),
+        )
+    }
+}
+
 /// Opens data connection `index`: connect (and TLS), read the server's greeting (its
 /// nonce, and the connection's TLS exporter, bind the join to this connection), join,
-/// wait for the server to take it.
+/// wait for the server to take it. An early connection (see [`Early`]) skips to the
+/// join.
 fn open_channel(
     cfg: &ClientConfig,
-    tls: Option<&ClientTls>,
-    auth: &Authenticated,
-    session_id: &[u8; 16],
+    session: &Session,
+    early: Option<Result<EarlyChannel, Error>>,
     index: u16,
-) -> Result<Joined, Error> {
+) -> Result<Opened, Error> {
     let peer = cfg.server.as_str();
     let deadline = Deadline::after(cfg.connect_timeout);
-    let mut stream = conn::connect_secure(peer, tls, deadline, cfg.tuning.stall_timeout)?;
-    conn::write_all_by(
-        &mut stream,
-        &Preamble::new(ConnectionKind::Data).encode(),
-        deadline,
-        peer,
-    )?;
-    let greeting = conn::read_greeting(&mut stream, deadline, peer)?;
+    let early = match early {
+        Some(Ok(ch)) if ch.stream.peer_certificate() == session.certificate => Some(ch),
+        Some(Ok(_)) => {
+            tracing::warn!(
+                "{peer}: a data connection opened early met another certificate than the \
+                 authenticated control connection; opening it again"
+            );
+            None
+        }
+        Some(Err(e)) => {
+            tracing::debug!("{peer}: opening a data connection early: {e}");
+            None
+        }
+        None => None,
+    };
+    // Waits until the connection could join: its connect and TLS (or greeting), after
+    // the control connection's connect for an early one, after the session otherwise.
+    let (mut stream, greeting, ready) = match early {
+        Some(ch) => (ch.stream, ch.greeting, 1 + 2),
+        None => {
+            let mut stream = conn::connect_secure(
+                peer,
+                session.tls.as_deref(),
+                deadline,
+                cfg.tuning.stall_timeout,
+            )?;
+            conn::write_all_by(
+                &mut stream,
+                &Preamble::new(ConnectionKind::Data).encode(),
+                deadline,
+                peer,
+            )?;
+            let greeting = conn::read_greeting(&mut stream, deadline, peer)?;
+            (stream, greeting, session.round_trips + 2)
+        }
+    };
     let join = ChannelJoin {
-        session_id: *session_id,
+        session_id: session.id,
         index,
-        proof: auth.channel_proof(session_id, index, &greeting.nonce, &stream.binding()),
+        proof: session
+            .auth
+            .channel_proof(&session.id, index, &greeting.nonce, &stream.binding()),
     };
     conn::write_all_by(
         &mut stream,
@@ -1107,7 +1291,11 @@ fn open_channel(
         Message::ChannelAccepted { index: i } if i == index => {
             let _ = stream.set_read_timeout(None);
             let _ = stream.set_write_timeout(None);
-            Ok(Joined { stream, join })
+            Ok(Opened {
+                joined: Joined { stream, join },
+                // The join leaves once both the connection and the session are ready.
+                round_trips: ready.max(session.round_trips) + 1,
+            })
         }
         Message::Error(e) => Err(Error::remote(peer, &e)),
         _ => Err(Error::protocol(

@@ -65,6 +65,9 @@ pub enum Event {
     LinkUp {
         index: u16,
         closer: Closer,
+        /// Client: round trips from the first connect until it could carry data (see
+        /// [`Opened`]); 0 on the server.
+        round_trips: u32,
     },
     Reader(ReaderEvent),
     /// A file that waited for data is in place (durable), or failed.
@@ -108,10 +111,34 @@ pub struct Outcome {
     pub tune: Option<TuneReport>,
     /// What `cp --preserve` could not keep (the receiver's notes, once per kind) or send.
     pub notes: Vec<String>,
+    /// Client: when the first data byte went out (push) or came in (pull), and the round
+    /// trips it waited for since the first connect; `None` if no block moved.
+    pub first_data: Option<FirstData>,
+}
+
+/// The client's measure of set-up: from the control connection's connect to the first
+/// block on a data channel.
+#[derive(Debug, Clone, Copy)]
+pub struct FirstData {
+    pub at: Instant,
+    /// Request/response waits on the path to it: the longer of the channel's own chain
+    /// (see [`Opened`]) and the manifest's, which is answered one round trip after the
+    /// session was agreed (a sender plans no block before the receiver answered the
+    /// entries; a receiver gets none before its answer reached the sender).
+    pub round_trips: u32,
 }
 
 /// Opens one more data connection for the session (client): connect, greet, join.
-pub type Opener = Arc<dyn Fn(u16) -> Result<Joined, Error> + Send + Sync>;
+pub type Opener = Arc<dyn Fn(u16) -> Result<Opened, Error> + Send + Sync>;
+
+/// A data connection the client opened and the server took.
+pub struct Opened {
+    pub joined: Joined,
+    /// The request/response waits from the control connection's connect until the
+    /// server's `ChannelAccepted` (TCP and TLS of a connection opened early run beside
+    /// the control connection's and are not counted twice).
+    pub round_trips: u32,
+}
 
 /// Everything a role needs, set up by the client or the server.
 pub struct Setup {
@@ -132,6 +159,8 @@ pub struct Setup {
     /// directories; this is the one place they leave, so this is where they are cut
     /// back to paths relative to the export.
     pub shown: Option<ShownFn>,
+    /// Client: round trips from the first connect until the session was agreed.
+    pub round_trips: Option<u32>,
 }
 
 /// See [`Setup::shown`].
@@ -174,6 +203,8 @@ pub struct Driver {
     steer: Option<Steer>,
     /// The session's rate kept by pumps that cannot leave it to the kernel.
     pacer: Option<Arc<Pacer>>,
+    /// Client: each link's round trips until it was up, for [`FirstData`].
+    link_round_trips: HashMap<u16, u32>,
 }
 
 impl Driver {
@@ -212,6 +243,7 @@ impl Driver {
             outcome: Outcome::default(),
             steer: None,
             pacer: None,
+            link_round_trips: HashMap::new(),
         })
     }
 
@@ -355,8 +387,9 @@ impl Driver {
 
     /// A link came up (client): its socket gets the session's congestion control and
     /// pacing before it carries much.
-    fn link_up(&mut self, index: u16, closer: Closer) {
+    fn link_up(&mut self, index: u16, closer: Closer, round_trips: u32) {
         self.reopen_backoff = Duration::from_millis(250);
+        self.link_round_trips.insert(index, round_trips);
         let socket = closer.socket().and_then(|s| s.try_clone().ok());
         if let Some(slot) = self.links.get_mut(&index) {
             slot.closer = Some(closer);
@@ -413,7 +446,7 @@ impl Driver {
     fn start_link(
         &mut self,
         index: u16,
-        make: impl FnOnce() -> Result<Box<dyn Link>, Error> + Send + 'static,
+        make: impl FnOnce() -> Result<(Box<dyn Link>, u32), Error> + Send + 'static,
     ) {
         let cancel = Cancel::default();
         let retire = Cancel::default();
@@ -446,10 +479,11 @@ impl Driver {
             .name(format!("wanxfer-link{index}"))
             .spawn(move || {
                 let result = catch_panic(|| {
-                    let link = make()?;
+                    let (link, round_trips) = make()?;
                     let _ = events.send(Event::LinkUp {
                         index,
                         closer: link.closer(),
+                        round_trips,
                     });
                     match (send_queue, receive_into) {
                         (Some(queue), _) => link.send(queue, &ctx),
@@ -482,7 +516,7 @@ impl Driver {
             return;
         }
         let transport = self.setup.transport.clone();
-        self.start_link(index, move || transport.accept(joined));
+        self.start_link(index, move || Ok((transport.accept(joined)?, 0)));
     }
 
     /// Client: opens link `index` (connect, join, transport set-up) in the background.
@@ -491,7 +525,10 @@ impl Driver {
             return;
         };
         let transport = self.setup.transport.clone();
-        self.start_link(index, move || transport.connect(opener(index)?));
+        self.start_link(index, move || {
+            let opened = opener(index)?;
+            Ok((transport.connect(opened.joined)?, opened.round_trips))
+        });
     }
 
     fn close_link(&mut self, index: u16) {
@@ -514,6 +551,21 @@ impl Driver {
                 self.open_link(index);
             }
         }
+    }
+
+    /// Client: notes the first block that went out or came in on link `index`.
+    fn first_data(&mut self, index: u16) {
+        let Some(session) = self.setup.round_trips else {
+            return;
+        };
+        if self.outcome.first_data.is_some() {
+            return;
+        }
+        let link = self.link_round_trips.get(&index).copied().unwrap_or(0);
+        self.outcome.first_data = Some(FirstData {
+            at: Instant::now(),
+            round_trips: link.max(session + 1),
+        });
     }
 
     fn take_index(&mut self) -> u16 {
@@ -1000,9 +1052,12 @@ impl Driver {
                     .handle_message(now, msg)
                     .map_err(|e| self.session_error(e))?;
             }
-            Event::Link(LinkEvent::Sent { index, segments }) => machine
-                .block_sent(index, segments)
-                .map_err(|e| self.session_error(e))?,
+            Event::Link(LinkEvent::Sent { index, segments }) => {
+                self.first_data(index);
+                machine
+                    .block_sent(index, segments)
+                    .map_err(|e| self.session_error(e))?
+            }
             Event::Link(LinkEvent::Unsent { segments }) => machine.block_unsent(segments),
             Event::Link(LinkEvent::Received { .. }) => {}
             Event::Link(LinkEvent::Ended { index, result }) => {
@@ -1016,9 +1071,13 @@ impl Driver {
                 }
                 self.link_lost(index, running, failed);
             }
-            Event::LinkUp { index, closer } => {
+            Event::LinkUp {
+                index,
+                closer,
+                round_trips,
+            } => {
                 machine.channel_opened(index);
-                self.link_up(index, closer);
+                self.link_up(index, closer, round_trips);
             }
             Event::Reader(ReaderEvent::Failed { id, error }) => {
                 let class = error.wire_class();
@@ -1249,7 +1308,10 @@ impl Driver {
                     .handle_message(now, msg)
                     .map_err(|e| self.session_error(e))?;
             }
-            Event::Link(LinkEvent::Received { index }) => machine.block_received(now, index),
+            Event::Link(LinkEvent::Received { index }) => {
+                self.first_data(index);
+                machine.block_received(now, index)
+            }
             Event::Link(LinkEvent::Ended { index, result }) => {
                 let result = fatal_or_lost(result)?;
                 let failed = result.is_err();
@@ -1262,9 +1324,13 @@ impl Driver {
                 self.link_lost(index, running, failed);
             }
             Event::Link(LinkEvent::Sent { .. } | LinkEvent::Unsent { .. }) => {}
-            Event::LinkUp { index, closer } => {
+            Event::LinkUp {
+                index,
+                closer,
+                round_trips,
+            } => {
                 machine.channel_opened(index);
-                self.link_up(index, closer);
+                self.link_up(index, closer, round_trips);
             }
             Event::Resolved { id, result } => {
                 let result = result.map_err(|e| {

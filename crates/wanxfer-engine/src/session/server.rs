@@ -666,8 +666,19 @@ impl Connection {
         deadline: Deadline,
         nonce: &[u8; 32],
     ) -> Result<(), Error> {
-        let Message::ChannelJoin(join) = conn::read_message_by(&mut stream, deadline, &self.peer)?
-        else {
+        let first = match conn::read_message_by(&mut stream, deadline, &self.peer) {
+            // A client opens its first data connections while its control connection
+            // authenticates, and closes those its session did not take (it was refused,
+            // or agreed on fewer streams): no error of anyone's.
+            Err(Error::Network { source, .. })
+                if source.kind() == std::io::ErrorKind::UnexpectedEof =>
+            {
+                tracing::debug!("{}: a data connection closed before joining", self.peer);
+                return Ok(());
+            }
+            other => other?,
+        };
+        let Message::ChannelJoin(join) = first else {
             return Err(Error::protocol(
                 &self.peer,
                 "a data channel must start by joining",
@@ -1244,6 +1255,7 @@ impl Connection {
             meter: meter.clone(),
             cancel: session_cancel,
             opener: None,
+            round_trips: None,
             stats: Some(Box::new(move |outcome: &Outcome, progress: &Progress| {
                 let cpu = stats_meter.total();
                 let io = match &stats_sink {
