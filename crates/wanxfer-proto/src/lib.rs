@@ -89,9 +89,21 @@ pub mod features {
     /// rules, a list of paths) that the server applies as it lists its tree.
     pub const SELECT: u64 = 1 << 8;
 
+    // 1 << 9 and 1 << 10: taken by other work in progress.
+
+    /// The client wants the server's [`crate::SessionStatus`] while a session runs; a
+    /// server that shares the bit sends it about once a second.
+    pub const SESSION_STATUS: u64 = 1 << 11;
+
     /// What this build implements.
-    pub const SUPPORTED: u64 =
-        BLOCK_CRC32C | FILE_XXH3_128 | FABRIC | RESUME | COMPARE | THIRD_PARTY | SELECT;
+    pub const SUPPORTED: u64 = BLOCK_CRC32C
+        | FILE_XXH3_128
+        | FABRIC
+        | RESUME
+        | COMPARE
+        | THIRD_PARTY
+        | SELECT
+        | SESSION_STATUS;
 
     /// The features a session between these two sides uses.
     pub const fn negotiate(ours: u64, theirs: u64) -> u64 {
