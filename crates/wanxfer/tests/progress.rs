@@ -287,3 +287,33 @@ fn a_fabric_push_streams_lines_too() {
         "{progress:?}"
     );
 }
+
+/// A copy between two servers: the lines carry what the source relays (aggregate
+/// counts, no channels of this client's), and the end line is the summary's. A copy this
+/// small may end before the first second, so only the end line is certain.
+#[test]
+fn a_third_party_copy_ends_its_lines_as_the_summary_does() {
+    let (a, b) = (Site::new(), Site::new());
+    write_pattern(&a.root().join("big.bin"), 24 << 20, 5);
+    let run = cp([
+        OsStr::new("--json"),
+        OsStr::new("--progress-json"),
+        &a.server.url("big.bin"),
+        &b.server.url("copy.bin"),
+    ]);
+    run.assert_ok();
+    let mut lines = run.json_lines();
+    let summary = lines.pop().unwrap();
+    assert!(summary.get("third_party").is_some(), "{summary}");
+    let (progress, end) = split(&lines);
+    let mut last = 0;
+    for line in progress.iter().copied().chain([end]) {
+        let bytes = line["bytes"].as_u64().unwrap();
+        assert!(bytes >= last, "bytes went back: {line}");
+        last = bytes;
+    }
+    for key in ["bytes", "bytes_skipped", "files", "failed_files"] {
+        assert_eq!(end[key], summary[key], "{key}: {end} against {summary}");
+    }
+    assert_eq!(summary["bytes"], 24u64 << 20);
+}
