@@ -3,10 +3,12 @@
 //! The engine never prints: it updates atomics, and whoever drives it (the CLI's
 //! progress bar, a benchmark, a test) reads them when it likes.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use crate::pool::{Pool, PoolGauge};
+use crate::session::steer::{ChannelReport, DecisionReport};
 
 /// Channels whose bytes are counted one by one; a channel of a higher index is counted
 /// only in the session's total. Bounds what a watcher (metrics) reports per session.
@@ -37,11 +39,52 @@ pub struct Progress {
     pub channel_wait_us: AtomicU64,
     /// Fabric receiver: slots granted to the sender and not yet written (its credits).
     pub fabric_credits: AtomicU64,
+    /// Fabric sender: microseconds its channels waited with a block to write and no
+    /// credit to write it into, summed over channels.
+    pub fabric_credit_wait_us: AtomicU64,
     /// Payload bytes by channel index, the first [`COUNTED_CHANNELS`] channels.
     channel_bytes: ChannelBytes,
     /// The session's block pools (its buffer pool; a fabric receiver's slot pools), for
     /// watchers of their occupancy. Weak: watching keeps no memory.
     pools: Mutex<Vec<(PoolKind, PoolGauge)>>,
+    /// What the client's session measured and decided lately, and the peer's status.
+    live: Mutex<Live>,
+}
+
+/// Tuner decisions kept for a watcher between two of its reads; older ones are counted,
+/// not kept.
+pub const LIVE_DECISIONS: usize = 32;
+
+/// The session's latest measurements, for watchers (`--progress-json`, the bar). The
+/// driver writes it as it samples its sockets; a watcher copies it out under a short lock.
+#[derive(Debug, Clone, Default)]
+pub struct Live {
+    /// Client: data channels up and not being retired; 0 before the first sample.
+    pub streams: u16,
+    /// Client, TCP: each data channel as its socket last saw it.
+    pub channels: Vec<ChannelReport>,
+    /// Client: the tuner's latest decisions, each numbered from 1 in the order made.
+    pub decisions: VecDeque<(u64, DecisionReport)>,
+    /// How many decisions were made in all (the number of the latest).
+    pub decisions_made: u64,
+    /// The peer's latest periodic status, if it sends one.
+    pub peer: Option<PeerStatus>,
+}
+
+/// The peer's side of the session while it runs (`wanxfer_proto::PeerStatus` as
+/// received).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerStatus {
+    /// The CPU the peer's threads of this session used so far.
+    pub cpu: CpuTime,
+    /// Its block pool: buffers on loan and in all.
+    pub pool_in_use: u32,
+    pub pool_capacity: u32,
+    /// A fabric receiver's registered slots on loan and in all, and the credits its
+    /// sender holds.
+    pub slots_in_use: u32,
+    pub slots_capacity: u32,
+    pub fabric_credits: u32,
 }
 
 /// What a watched pool's buffers are.
@@ -102,6 +145,39 @@ impl Progress {
         for counter in self.channel_bytes.0.iter() {
             counter.store(0, Ordering::Relaxed);
         }
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.streams = 0;
+        live.channels.clear();
+        live.peer = None;
+    }
+
+    /// A copy of the latest measurements and decisions.
+    pub fn live(&self) -> Live {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The client's latest sample of its data channels.
+    pub fn set_live_channels(&self, streams: u16, channels: Vec<ChannelReport>) {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.streams = streams;
+        live.channels = channels;
+    }
+
+    /// The tuner decided: kept for watchers, the oldest dropped beyond
+    /// [`LIVE_DECISIONS`].
+    pub fn push_decision(&self, decision: DecisionReport) {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.decisions_made += 1;
+        let number = live.decisions_made;
+        live.decisions.push_back((number, decision));
+        while live.decisions.len() > LIVE_DECISIONS {
+            live.decisions.pop_front();
+        }
+    }
+
+    /// The peer's latest status arrived.
+    pub fn set_peer_status(&self, status: PeerStatus) {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).peer = Some(status);
     }
 
     /// `len` payload bytes moved over channel `index` (sent, or received and checked).
@@ -199,25 +275,144 @@ pub fn thread_cpu() -> CpuTime {
 }
 
 /// Sums the CPU of the threads that worked for one session, so that a server running
-/// several sessions reports each one's own cost.
+/// several sessions reports each one's own cost, at the end ([`CpuMeter::total`]) and
+/// while it runs ([`CpuMeter::so_far`]).
 #[derive(Debug, Default)]
 pub struct CpuMeter {
-    user_us: AtomicU64,
-    sys_us: AtomicU64,
+    /// Threads that ended, and the running threads that entered, by kernel thread id.
+    /// One lock for both, so that a thread ending is counted once, never twice.
+    inner: Mutex<MeterInner>,
 }
 
+#[derive(Debug, Default)]
+struct MeterInner {
+    ended: CpuTime,
+    running: Vec<libc::pid_t>,
+}
+
+/// Most running threads a meter follows: more than a session ever has (its links are
+/// bounded by its streams, its workers by the server's flags). Beyond it a thread is
+/// still counted when it ends.
+const METERED_THREADS: usize = 1024;
+
 impl CpuMeter {
+    /// Counts the calling thread in [`CpuMeter::so_far`] while it runs; call as it
+    /// starts, and [`CpuMeter::add_this_thread`] as it ends.
+    pub fn enter_this_thread(&self) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.running.len() < METERED_THREADS {
+            inner.running.push(this_thread_id());
+        }
+    }
+
     /// Adds the calling thread's CPU; call once, as the thread ends.
     pub fn add_this_thread(&self) {
         let t = thread_cpu();
-        self.user_us.fetch_add(t.user_us, Ordering::Relaxed);
-        self.sys_us.fetch_add(t.sys_us, Ordering::Relaxed);
+        let id = this_thread_id();
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.running.retain(|&r| r != id);
+        inner.ended.user_us += t.user_us;
+        inner.ended.sys_us += t.sys_us;
     }
 
+    /// The CPU of the threads that ended.
     pub fn total(&self) -> CpuTime {
-        CpuTime {
-            user_us: self.user_us.load(Ordering::Relaxed),
-            sys_us: self.sys_us.load(Ordering::Relaxed),
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).ended
+    }
+
+    /// The threads that ended and, so far, those still running (from
+    /// `/proc/self/task/*/stat`, to the kernel's clock tick).
+    pub fn so_far(&self) -> CpuTime {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sum = inner.ended;
+        for &id in &inner.running {
+            if let Some(t) = running_thread_cpu(id) {
+                sum.user_us += t.user_us;
+                sum.sys_us += t.sys_us;
+            }
         }
+        sum
+    }
+}
+
+fn this_thread_id() -> libc::pid_t {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// A running thread of this process's CPU, from its `stat` (fields 14 and 15, after the
+/// parenthesised name, which may itself hold spaces and parentheses).
+fn running_thread_cpu(id: libc::pid_t) -> Option<CpuTime> {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{id}/stat")).ok()?;
+    parse_thread_stat(&stat, clock_ticks_per_s())
+}
+
+fn parse_thread_stat(stat: &str, ticks_per_s: u64) -> Option<CpuTime> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    // After the name: state (field 3) first, so utime (14) is the 12th.
+    let mut fields = after_name.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let sys: u64 = fields.next()?.parse().ok()?;
+    let us = |ticks: u64| ticks.saturating_mul(1_000_000) / ticks_per_s.max(1);
+    Some(CpuTime {
+        user_us: us(user),
+        sys_us: us(sys),
+    })
+}
+
+fn clock_ticks_per_s() -> u64 {
+    // SAFETY: sysconf only reads a configuration value.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(ticks).ok().filter(|&t| t > 0).unwrap_or(100)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_stat_gives_its_user_and_system_time() {
+        let stat = "1234 (wanxfer) link0) R 1 2 3 4 5 6 7 8 9 10 250 75 0 0 20 0 1 0";
+        let cpu = parse_thread_stat(stat, 100).unwrap();
+        assert_eq!(
+            cpu,
+            CpuTime {
+                user_us: 2_500_000,
+                sys_us: 750_000
+            }
+        );
+        assert_eq!(parse_thread_stat("garbage", 100), None);
+        assert_eq!(parse_thread_stat("1 (x) R 1 2", 100), None);
+    }
+
+    #[test]
+    fn a_running_thread_counts_once_and_an_ended_one_stays() {
+        let meter = std::sync::Arc::new(CpuMeter::default());
+        let (m, (stop_tx, stop_rx)) = (meter.clone(), std::sync::mpsc::channel::<()>());
+        let (busy_tx, busy_rx) = std::sync::mpsc::channel::<()>();
+        let worker = std::thread::spawn(move || {
+            m.enter_this_thread();
+            // Spin until this thread has used some CPU the kernel can see.
+            while running_thread_cpu(this_thread_id()).unwrap().seconds() < 0.03 {}
+            busy_tx.send(()).unwrap();
+            stop_rx.recv().unwrap();
+            m.add_this_thread();
+        });
+        busy_rx.recv().unwrap();
+        let running = meter.so_far();
+        assert!(running.seconds() >= 0.03, "{running:?}");
+        assert_eq!(meter.total(), CpuTime::default());
+        stop_tx.send(()).unwrap();
+        worker.join().unwrap();
+        let ended = meter.total();
+        assert!(
+            ended.seconds() >= running.seconds() - 0.011,
+            "{ended:?} {running:?}"
+        );
+        assert_eq!(
+            meter.so_far(),
+            ended,
+            "an ended thread is not counted twice"
+        );
     }
 }

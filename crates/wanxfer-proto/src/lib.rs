@@ -95,9 +95,22 @@ pub mod features {
     /// about what it could not keep.
     pub const PRESERVE: u64 = 1 << 9;
 
+    // 1 << 10: reserved for pipelined session set-up.
+
+    /// The client wants the server's [`crate::SessionStatus`] while a session runs; a
+    /// server that shares the bit sends it about once a second.
+    pub const SESSION_STATUS: u64 = 1 << 11;
+
     /// What this build implements.
-    pub const SUPPORTED: u64 =
-        BLOCK_CRC32C | FILE_XXH3_128 | FABRIC | RESUME | COMPARE | THIRD_PARTY | SELECT | PRESERVE;
+    pub const SUPPORTED: u64 = BLOCK_CRC32C
+        | FILE_XXH3_128
+        | FABRIC
+        | RESUME
+        | COMPARE
+        | THIRD_PARTY
+        | SELECT
+        | PRESERVE
+        | SESSION_STATUS;
 
     /// The features a session between these two sides uses.
     pub const fn negotiate(ours: u64, theirs: u64) -> u64 {

@@ -498,6 +498,25 @@ pub struct Stats {
     pub io_fallback: Vec<u8>,
 }
 
+/// The server's side of a running session, about once a second, to a client that offered
+/// [`crate::features::SESSION_STATUS`]: what the client's live view (`cp
+/// --progress-json`) cannot measure itself. Numbers so far in the session; every count of
+/// buffers on loan is at most its pool's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SessionStatus {
+    /// CPU of the server's threads of this session.
+    pub cpu_user_us: u64,
+    pub cpu_sys_us: u64,
+    /// Its block pool: buffers on loan and in all.
+    pub pool_in_use: u32,
+    pub pool_capacity: u32,
+    /// A fabric receiver's registered slots: on loan and in all; of them, granted to the
+    /// sender and not yet written (its credits).
+    pub slots_in_use: u32,
+    pub slots_capacity: u32,
+    pub fabric_credits: u32,
+}
+
 /// A client's credential (see [`crate::features::CREDENTIAL`]).
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -596,6 +615,8 @@ pub enum Message {
     Note {
         text: Vec<u8>,
     },
+    /// Server to client while a session runs (see [`SessionStatus`]).
+    SessionStatus(SessionStatus),
 }
 
 impl Message {
@@ -625,9 +646,10 @@ impl Message {
             Message::DropChannel { .. } => 22,
             Message::Skipped { .. } => 23,
             Message::Keepalive => 24,
+            Message::SessionStatus(_) => 30,
             Message::Credential(_) => 25,
             Message::Note { .. } => 26,
-            // 27-39: reserved for the session layer's messages.
+            // 27-29 and 31-39: reserved for the session layer's messages.
             Message::OpRequest(_) => 40,
             Message::OpReply(_) => 41,
             Message::GrantProof { .. } => 42,
@@ -733,6 +755,15 @@ impl Message {
                 paths.iter().for_each(|p| e.bytes(p));
             }
             Message::Keepalive => {}
+            Message::SessionStatus(st) => {
+                e.u64(st.cpu_user_us);
+                e.u64(st.cpu_sys_us);
+                e.u32(st.pool_in_use);
+                e.u32(st.pool_capacity);
+                e.u32(st.slots_in_use);
+                e.u32(st.slots_capacity);
+                e.u32(st.fabric_credits);
+            }
             Message::Credential(c) => match c {
                 Credential::Token(token) => {
                     e.u8(1);
@@ -885,6 +916,26 @@ impl Message {
                 Message::Skipped { paths }
             }
             24 => Message::Keepalive,
+            30 => {
+                let st = SessionStatus {
+                    cpu_user_us: d.u64()?,
+                    cpu_sys_us: d.u64()?,
+                    pool_in_use: d.u32()?,
+                    pool_capacity: d.u32()?,
+                    slots_in_use: d.u32()?,
+                    slots_capacity: d.u32()?,
+                    fabric_credits: d.u32()?,
+                };
+                if st.pool_in_use > st.pool_capacity
+                    || st.slots_in_use > st.slots_capacity
+                    || st.fabric_credits > st.slots_capacity
+                {
+                    return Err(DecodeError::Invalid(
+                        "session status: more buffers on loan than in the pool",
+                    ));
+                }
+                Message::SessionStatus(st)
+            }
             25 => Message::Credential(match d.u8()? {
                 1 => {
                     let token = d.bytes("token", MAX_TOKEN_BYTES)?;

@@ -373,6 +373,19 @@ fn message() -> impl Strategy<Value = Message> {
             .prop_map(|paths| Message::Skipped { paths }),
         Just(Message::Keepalive),
         prop::collection::vec(any::<u8>(), 0..100).prop_map(|text| Message::Note { text }),
+        (any::<(u64, u64)>(), any::<(u32, u32, u32)>()).prop_map(|((user, sys), (a, b, c))| {
+            // Counts on loan within their pools, as a valid status has them.
+            let (slots_capacity, pool_capacity) = (a.max(b), a.max(c));
+            Message::SessionStatus(SessionStatus {
+                cpu_user_us: user,
+                cpu_sys_us: sys,
+                pool_in_use: c.min(pool_capacity),
+                pool_capacity,
+                slots_in_use: b.min(slots_capacity),
+                slots_capacity,
+                fabric_credits: a.min(slots_capacity) / 2,
+            })
+        }),
         prop::collection::vec(any::<u8>(), 1..200)
             .prop_map(|t| Message::Credential(Credential::Token(t))),
         Just(Message::Credential(Credential::Certificate)),
@@ -776,4 +789,43 @@ fn entry_metadata_is_refused_when_ambiguous_or_unknown() {
         &mut long,
     );
     assert!(decode_frame(&long).is_err());
+}
+/// Issue 19: a server's status claiming more buffers on loan than its pool holds is
+/// refused, not shown.
+#[test]
+fn a_session_status_beyond_its_pools_is_refused() {
+    let good = SessionStatus {
+        cpu_user_us: 1,
+        cpu_sys_us: 2,
+        pool_in_use: 4,
+        pool_capacity: 4,
+        slots_in_use: 3,
+        slots_capacity: 5,
+        fabric_credits: 5,
+    };
+    let frame = |st: SessionStatus| {
+        let mut buf = Vec::new();
+        encode_frame(&Message::SessionStatus(st), &mut buf);
+        buf
+    };
+    assert_eq!(
+        decode_frame(&frame(good)).unwrap(),
+        Message::SessionStatus(good)
+    );
+    for bad in [
+        SessionStatus {
+            pool_in_use: 5,
+            ..good
+        },
+        SessionStatus {
+            slots_in_use: 6,
+            ..good
+        },
+        SessionStatus {
+            fabric_credits: 6,
+            ..good
+        },
+    ] {
+        assert!(decode_frame(&frame(bad)).is_err(), "{bad:?}");
+    }
 }

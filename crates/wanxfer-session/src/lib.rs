@@ -301,6 +301,7 @@ fn name(msg: &Message) -> &'static str {
         Message::DropChannel { .. } => "DropChannel",
         Message::Skipped { .. } => "Skipped",
         Message::Keepalive => "Keepalive",
+        Message::SessionStatus(_) => "SessionStatus",
         _ => "a message of another version",
     }
 }

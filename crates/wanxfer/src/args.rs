@@ -578,6 +578,12 @@ pub struct CpArgs {
     /// Print one JSON object with the results at the end.
     #[arg(long)]
     pub json: bool,
+    /// Write a JSON object a line about once a second while the transfer runs (schema
+    /// in the README: per-channel bytes, rate and TCP_INFO, pools, CPU of both sides,
+    /// the tuner's decisions) and one at its end: to stdout without a value or with
+    /// `=-` (before --json's object), or `--progress-json=FILE`.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = "-")]
+    pub progress_json: Option<PathBuf>,
     /// Print nothing on success: no progress bar, no summary, no notes or warnings
     /// (errors, and the JSON --json asks for, are still printed).
     #[arg(long, short)]

@@ -8,6 +8,7 @@ mod config;
 mod metrics;
 mod ops;
 mod output;
+mod progress_json;
 mod secret;
 mod tpc;
 mod transfer_log;
@@ -299,9 +300,19 @@ fn cp(args: CpArgs) -> Result<(), Error> {
     }
     request.config.cancel = on_signal();
     let progress = Arc::new(Progress::default());
+    let lines = start_progress_json(&args, &progress)?;
     let bar = output::ProgressView::start(progress.clone(), args.show_progress());
     let result = run_client(&request.config, request.job, progress);
     bar.finish();
+    if let Some(lines) = lines {
+        let (report, error) = match &result {
+            Ok(report) => (Some(report), None),
+            Err(failed) => (Some(&*failed.report), Some(&failed.error)),
+        };
+        if let (Some(note), false) = (lines.finish(report, error), args.quiet) {
+            eprintln!("wanxfer: {note}");
+        }
+    }
     match result {
         Ok(report) => {
             output::print_report(&report, &request.config.tuning, args.json, args.quiet);
@@ -324,13 +335,37 @@ fn cp(args: CpArgs) -> Result<(), Error> {
     }
 }
 
+/// `--progress-json`'s writer, if asked for.
+fn start_progress_json(
+    args: &CpArgs,
+    progress: &Arc<Progress>,
+) -> Result<Option<progress_json::ProgressJson>, Error> {
+    args.progress_json
+        .as_deref()
+        .map(|target| {
+            let fabric = args.transport.transport != args::TransportArg::Tcp;
+            progress_json::ProgressJson::start(target, progress.clone(), fabric)
+        })
+        .transpose()
+}
+
 /// `cp` between two servers: the same progress, report, JSON and exit codes as `cp`.
 fn third_party_cp(args: &CpArgs, request: &args::ThirdPartyRequest) -> Result<(), Error> {
     let cancel = on_signal();
     let progress = Arc::new(Progress::default());
+    let lines = start_progress_json(args, &progress)?;
     let bar = output::ProgressView::start(progress.clone(), args.show_progress());
     let result = tpc::run(request, &progress, &cancel);
     bar.finish();
+    if let Some(lines) = lines {
+        let (report, error) = match &result {
+            Ok(report) => (Some(report), None),
+            Err((e, report)) => (Some(&**report), Some(e)),
+        };
+        if let (Some(note), false) = (lines.finish(report, error), args.quiet) {
+            eprintln!("wanxfer: {note}");
+        }
+    }
     match result {
         Ok(report) => {
             output::print_report(&report, &request.source.tuning, args.json, args.quiet);

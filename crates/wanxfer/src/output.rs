@@ -58,6 +58,7 @@ fn draw(progress: &Progress, stop: &AtomicBool) {
             files,
             total_files: total_files.max(files),
             bits_per_s: rate.sample(Instant::now(), bytes),
+            streams: Some(progress.live().streams).filter(|&n| n > 0),
         };
         // One column short of the width: writing the last column wraps on some terminals.
         let width = terminal_columns().unwrap_or(80).saturating_sub(1);
@@ -112,6 +113,8 @@ struct BarState {
     files: u64,
     total_files: u64,
     bits_per_s: Option<f64>,
+    /// Data channels carrying the transfer now, when known (the tuner changes it).
+    streams: Option<u16>,
 }
 
 impl BarState {
@@ -142,18 +145,33 @@ impl BarState {
                 ),
                 0,
             ),
+            // One file says nothing the percentage does not.
             (
-                format!(
-                    "{}/{}",
-                    self.files,
-                    plural(self.total_files, "file", "files")
-                ),
+                if self.total_files > 1 {
+                    format!(
+                        "{}/{}",
+                        self.files,
+                        plural(self.total_files, "file", "files")
+                    )
+                } else {
+                    String::new()
+                },
                 4,
             ),
             (format!("{rate:>11}"), 2),
+            (
+                self.streams
+                    .map_or(String::new(), |n| plural(n.into(), "stream", "streams")),
+                5,
+            ),
             (format!("ETA {eta:>5}"), 3),
         ]
         .map(|(text, rank)| (text, rank, true));
+        let known = |figures: &mut [(String, usize, bool)]| {
+            for f in figures.iter_mut().filter(|f| f.0.is_empty()) {
+                f.2 = false;
+            }
+        };
         let text_width = |figures: &[(String, usize, bool)]| -> usize {
             let shown = figures.iter().filter(|f| f.2);
             shown.clone().map(|f| f.0.chars().count()).sum::<usize>()
@@ -164,6 +182,7 @@ impl BarState {
         let bar_room = MIN_CELLS + 3; // `[`, `]` and a space
         let fits = |figures: &mut [(String, usize, bool)], room: usize| {
             figures.iter_mut().for_each(|f| f.2 = true);
+            known(figures);
             for rank in (0..figures.len()).rev() {
                 if text_width(figures) + room <= width {
                     return true;
@@ -695,13 +714,17 @@ mod tests {
             (u64::MAX / 2, u64::MAX, u64::MAX, u64::MAX, Some(1e15)),
             (1 << 20, 1 << 40, 0, 1, Some(1e3)),
         ];
-        for (bytes, total_bytes, files, total_files, bits_per_s) in extremes {
+        for ((bytes, total_bytes, files, total_files, bits_per_s), streams) in extremes
+            .into_iter()
+            .zip([None, Some(1), Some(16), Some(u16::MAX), None])
+        {
             let state = BarState {
                 bytes,
                 total_bytes,
                 files,
                 total_files,
                 bits_per_s,
+                streams,
             };
             for width in 0..=200 {
                 let line = state.line(width);
@@ -713,36 +736,43 @@ mod tests {
     }
 
     #[test]
-    fn an_80_column_bar_shows_a_bar_and_every_figure() {
+    fn a_wide_bar_shows_every_figure_and_80_columns_streams_or_files() {
         let state = BarState {
             bytes: 3 << 29,
             total_bytes: 4 << 30,
             files: 2_500,
             total_files: 5_000,
             bits_per_s: Some(9.5e9),
+            streams: Some(4),
         };
-        let line = state.line(79);
+        let line = state.line(100);
         assert!(line.starts_with("[=") && line.contains(">"), "{line:?}");
         for figure in [
             "38%",
             "1.50 GiB / 4.00 GiB",
             "2500/5000 files",
             "9.50 Gbit/s",
+            "4 streams",
             "ETA  0:02",
         ] {
             assert!(line.contains(figure), "{line:?} lacks {figure:?}");
         }
+        // At 80 columns the stream count gives way to the file count; a transfer of one
+        // file (or memory to memory) shows its streams instead.
+        let line = state.line(79);
+        assert!(line.starts_with("[=") && line.contains(">"), "{line:?}");
+        assert!(!line.contains("streams"), "{line:?}");
+        assert!(line.contains("2500/5000 files"), "{line:?}");
         let one = BarState {
             total_files: 1,
             files: 0,
+            streams: Some(1),
             ..state
         }
         .line(79);
-        assert!(
-            one.contains("0/1 file ") || one.contains("0/1 file"),
-            "{one:?}"
-        );
-        assert!(!one.contains("1 files"), "{one:?}");
+        assert!(one.starts_with("[=") && one.contains(">"), "{one:?}");
+        assert!(one.contains("9.50 Gbit/s  1 stream  ETA"), "{one:?}");
+        assert!(!one.contains("file"), "{one:?}");
     }
 
     #[test]

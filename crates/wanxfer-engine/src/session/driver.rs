@@ -27,17 +27,17 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
-use wanxfer_proto::{EntryKind, ErrorMsg, FailureClass, Message, Stats};
+use wanxfer_proto::{EntryKind, ErrorMsg, FailureClass, Message, SessionStatus, Stats};
 use wanxfer_session::{
     Applied, Event as MachineEvent, Failure, Outcome as FileOutcome, Plan, ReceiverConfig,
     ReceiverMachine, ReceiverWork, SenderConfig, SenderMachine, SenderWork, SessionError,
 };
 
 use super::conn::ControlWriter;
-use super::steer::{Sampled, Steer, TuneReport};
+use super::steer::{DecisionReport, Sampled, Steer, TuneReport};
 use super::Params;
 use crate::pool::{recv_or_cancel, Block, Cancel, Pool};
-use crate::progress::{CpuMeter, IoUse, PoolKind, Progress};
+use crate::progress::{CpuMeter, CpuTime, IoUse, PeerStatus, PoolKind, Progress};
 use crate::select::Matcher;
 use crate::sink::{self, Sink};
 use crate::source::{
@@ -205,7 +205,12 @@ pub struct Driver {
     pacer: Option<Arc<Pacer>>,
     /// Client: each link's round trips until it was up, for [`FirstData`].
     link_round_trips: HashMap<u16, u32>,
+    /// Server, for a client that asked for it: when its next [`SessionStatus`] is due.
+    next_status: Option<Instant>,
 }
+
+/// How often a server tells a client that asked how its side of the session is doing.
+pub const SESSION_STATUS_EVERY: Duration = Duration::from_secs(1);
 
 impl Driver {
     /// A driver whose control connection is `stream`. Its event queue exists from now
@@ -226,6 +231,11 @@ impl Driver {
         let control = stream
             .try_clone()
             .map_err(|e| Error::network("setting up connection to", &setup.peer, e))?;
+        // The session runs on the thread that makes its driver.
+        setup.meter.enter_this_thread();
+        let next_status = (setup.opener.is_none()
+            && setup.params.features & wanxfer_proto::features::SESSION_STATUS != 0)
+            .then(|| Instant::now() + SESSION_STATUS_EVERY);
         Ok(Driver {
             next_index: 0,
             control,
@@ -244,6 +254,7 @@ impl Driver {
             steer: None,
             pacer: None,
             link_round_trips: HashMap::new(),
+            next_status,
         })
     }
 
@@ -281,7 +292,12 @@ impl Driver {
             }
         }
         let congestion = if tcp { p.congestion.clone() } else { None };
-        self.steer = Some(Steer::new(cfg, sending, congestion));
+        let steer = Steer::new(cfg, sending, congestion);
+        // The tuner's first word (its starting point) for live watchers too.
+        for d in steer.report().decisions {
+            self.setup.progress.push_decision(d);
+        }
+        self.steer = Some(steer);
     }
 
     /// Client: samples the sockets when due, feeds the tuner and carries out what it
@@ -309,7 +325,17 @@ impl Driver {
             self.control.tcp(),
             channels,
         );
+        let streams = self
+            .links
+            .values()
+            .filter(|slot| slot.closer.is_some() && !slot.retiring)
+            .count();
+        progress.set_live_channels(
+            u16::try_from(streams).unwrap_or(u16::MAX),
+            steer.channel_reports(),
+        );
         for d in decisions {
+            self.setup.progress.push_decision(DecisionReport::from(&d));
             tracing::info!(
                 "{}: tuning: {} streams, depth {}, pacing {:?} bit/s: {}",
                 self.setup.peer,
@@ -320,6 +346,60 @@ impl Driver {
             );
             self.apply_streams(d.streams);
         }
+    }
+
+    /// Server: tells a client that asked how this side is doing, when due. Skipped for a
+    /// second when the control writer is backed up: the next one supersedes it.
+    fn status_tick(&mut self, now: Instant) {
+        let Some(due) = self.next_status else { return };
+        if now < due {
+            return;
+        }
+        self.next_status = Some(now + SESSION_STATUS_EVERY);
+        if !self.writer.has_room() {
+            return;
+        }
+        let progress = &self.setup.progress;
+        let cpu = self.setup.meter.so_far();
+        let mut status = SessionStatus {
+            cpu_user_us: cpu.user_us,
+            cpu_sys_us: cpu.sys_us,
+            ..SessionStatus::default()
+        };
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        for (kind, in_use, capacity) in progress.pool_occupancy() {
+            let (in_use, capacity) = (count(in_use), count(capacity));
+            match kind {
+                PoolKind::Blocks => {
+                    status.pool_in_use = in_use.min(capacity);
+                    status.pool_capacity = capacity;
+                }
+                PoolKind::FabricSlots => {
+                    status.slots_in_use = in_use.min(capacity);
+                    status.slots_capacity = capacity;
+                }
+            }
+        }
+        let credits = progress.fabric_credits.load(Ordering::Relaxed);
+        status.fabric_credits = u32::try_from(credits)
+            .unwrap_or(u32::MAX)
+            .min(status.slots_capacity);
+        self.writer.push(&Message::SessionStatus(status));
+    }
+
+    /// Client: the server's status arrived (it is not the machine's business).
+    fn peer_status(&self, status: &SessionStatus) {
+        self.setup.progress.set_peer_status(PeerStatus {
+            cpu: CpuTime {
+                user_us: status.cpu_user_us,
+                sys_us: status.cpu_sys_us,
+            },
+            pool_in_use: status.pool_in_use,
+            pool_capacity: status.pool_capacity,
+            slots_in_use: status.slots_in_use,
+            slots_capacity: status.slots_capacity,
+            fabric_credits: status.fabric_credits,
+        });
     }
 
     /// Links wanted and not retiring, whether up yet or still opening.
@@ -425,6 +505,7 @@ impl Driver {
         let spawned = std::thread::Builder::new()
             .name(format!("wanxfer-{name}"))
             .spawn(move || {
+                meter.enter_this_thread();
                 let result = catch_panic(work);
                 meter.add_this_thread();
                 let _ = events.send(Event::Exit(result));
@@ -478,6 +559,7 @@ impl Driver {
         let spawned = std::thread::Builder::new()
             .name(format!("wanxfer-link{index}"))
             .spawn(move || {
+                meter.enter_this_thread();
                 let result = catch_panic(|| {
                     let (link, round_trips) = make()?;
                     let _ = events.send(Event::LinkUp {
@@ -689,6 +771,7 @@ impl Driver {
             self.reopen_at.front().copied(),
             soon,
             sample,
+            self.next_status,
         ]
         .into_iter()
         .flatten()
@@ -1010,6 +1093,9 @@ impl Driver {
                 }
             }
             let now = Instant::now();
+            if !machine.all_resolved() {
+                self.status_tick(now);
+            }
             busy |= self.flush_transmit(|| machine.poll_transmit(now));
             if machine.is_done() {
                 return Ok(());
@@ -1046,12 +1132,14 @@ impl Driver {
         let now = Instant::now();
         let running = !machine.all_resolved();
         match event {
-            Event::Control(msg) => {
-                let msg = msg?;
-                machine
+            Event::Control(msg) => match msg? {
+                Message::SessionStatus(status) if self.setup.opener.is_some() => {
+                    self.peer_status(&status)
+                }
+                msg => machine
                     .handle_message(now, msg)
-                    .map_err(|e| self.session_error(e))?;
-            }
+                    .map_err(|e| self.session_error(e))?,
+            },
             Event::Link(LinkEvent::Sent { index, segments }) => {
                 self.first_data(index);
                 machine
@@ -1267,6 +1355,9 @@ impl Driver {
             }
             self.pass_notes(sink, &mut machine);
             let now = Instant::now();
+            if !machine.all_resolved() {
+                self.status_tick(now);
+            }
             busy |= self.flush_transmit(|| machine.poll_transmit(now));
             if machine.is_done() {
                 return Ok(());
@@ -1302,12 +1393,14 @@ impl Driver {
         let now = Instant::now();
         let running = !machine.all_resolved();
         match event {
-            Event::Control(msg) => {
-                let msg = msg?;
-                machine
+            Event::Control(msg) => match msg? {
+                Message::SessionStatus(status) if self.setup.opener.is_some() => {
+                    self.peer_status(&status)
+                }
+                msg => machine
                     .handle_message(now, msg)
-                    .map_err(|e| self.session_error(e))?;
-            }
+                    .map_err(|e| self.session_error(e))?,
+            },
             Event::Link(LinkEvent::Received { index }) => {
                 self.first_data(index);
                 machine.block_received(now, index)

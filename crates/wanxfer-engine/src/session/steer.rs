@@ -272,16 +272,29 @@ impl Steer {
         let history: Vec<&Decision> = self.tuner.history().collect();
         let decisions = history[history.len().saturating_sub(REPORTED_DECISIONS)..]
             .iter()
-            .map(|d| DecisionReport {
-                at_s: d.at.as_secs_f64(),
-                streams: d.streams,
-                depth: d.depth,
-                pacing_bits_per_s: d.pacing_bits_per_s,
-                reason: d.reason.to_string(),
-            })
+            .map(|d| DecisionReport::from(*d))
             .collect();
-        let channels = self
-            .channels
+        TuneReport {
+            auto_streams: self.auto_streams,
+            streams: current.streams,
+            max_streams: self.max_streams,
+            depth: self.depth,
+            depth_needed,
+            depth_bounded,
+            pacing_bits_per_s: current.pacing_bits_per_s,
+            congestion: self.congestion.clone(),
+            rtt: self.control_rtt,
+            min_rtt: self.min_rtt,
+            bdp_bytes: self.tuner.measured_bdp(),
+            readings: self.tuner.readings(),
+            decisions,
+            channels: self.channel_reports(),
+        }
+    }
+
+    /// Each data channel as its socket last saw it.
+    pub fn channel_reports(&self) -> Vec<ChannelReport> {
+        self.channels
             .iter()
             .map(|(index, c)| {
                 let bytes = self.moved(&c.info);
@@ -310,22 +323,18 @@ impl Steer {
                     state: c.state,
                 }
             })
-            .collect();
-        TuneReport {
-            auto_streams: self.auto_streams,
-            streams: current.streams,
-            max_streams: self.max_streams,
-            depth: self.depth,
-            depth_needed,
-            depth_bounded,
-            pacing_bits_per_s: current.pacing_bits_per_s,
-            congestion: self.congestion.clone(),
-            rtt: self.control_rtt,
-            min_rtt: self.min_rtt,
-            bdp_bytes: self.tuner.measured_bdp(),
-            readings: self.tuner.readings(),
-            decisions,
-            channels,
+            .collect()
+    }
+}
+
+impl From<&Decision> for DecisionReport {
+    fn from(d: &Decision) -> DecisionReport {
+        DecisionReport {
+            at_s: d.at.as_secs_f64(),
+            streams: d.streams,
+            depth: d.depth,
+            pacing_bits_per_s: d.pacing_bits_per_s,
+            reason: d.reason.to_string(),
         }
     }
 }

@@ -491,7 +491,15 @@ fn send_blocks(
         }
         if !(queue_open && sender.can_write()) {
             // Nothing to do until a credit or a completion arrives: sleep on the CQ.
+            let starved = queue_open && sender.credits.is_empty();
+            let asked = std::time::Instant::now();
             sender.wait_event(ctx)?;
+            if starved {
+                // The receiver's writers or its credit returns, not the path, held it.
+                ctx.progress
+                    .fabric_credit_wait_us
+                    .fetch_add(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
+            }
             continue;
         }
         let wait = if sender.in_flight.is_empty() {
