@@ -23,6 +23,7 @@ mod ktls;
 pub mod ops;
 pub mod pool;
 pub mod progress;
+mod records;
 pub mod secret;
 pub mod select;
 pub mod session;
