@@ -1,7 +1,9 @@
 //! What encryption costs, and the fastest an encrypted transfer could go on this machine.
 //!
 //! Part 1, per primitive, on 16 KiB pieces in cache (the TLS record size): AES-128-GCM,
-//! AES-256-GCM and ChaCha20-Poly1305 sealing (ring, as rustls uses it), and the hashes a
+//! AES-256-GCM and ChaCha20-Poly1305 sealing (ring, as rustls uses it), AES-128-GCM
+//! sealing in place and opening out of place with aws-lc-rs (as the data channels' record
+//! layer does, `src/records.rs`), and the hashes a
 //! session without encryption uses or could have used per block: keyed BLAKE3 (what
 //! wanxfer uses), HMAC-SHA-256, and XXH3-128 (the unkeyed digest, for scale). CPU seconds
 //! per GB.
@@ -47,7 +49,7 @@ fn per_gb(name: &str, bytes: u64, mut f: impl FnMut(&mut [u8])) {
     }
     let cpu = thread_cpu_s() - start;
     println!(
-        "{name:<22} {:>6.3} CPU s/GB  {:>6.2} GB/s",
+        "{name:<42} {:>6.3} CPU s/GB  {:>6.2} GB/s",
         cpu / (done as f64 / 1e9),
         done as f64 / 1e9 / wall.elapsed().as_secs_f64()
     );
@@ -79,6 +81,39 @@ fn primitives(gib: u64, bytes: u64) {
                 .seal_in_place_separate_tag(nonce(seq), Aad::from([0u8; 5]), buf)
                 .unwrap();
             let _ = std::hint::black_box(tag);
+        });
+    }
+    // The same cipher through aws-lc-rs, as wanxfer's data channels use it
+    // (`records.rs`): sealing in place, and opening from one buffer into another.
+    {
+        use aws_lc_rs::aead as lc;
+        let key = lc::LessSafeKey::new(lc::UnboundKey::new(&lc::AES_128_GCM, &[7u8; 16]).unwrap());
+        let lc_nonce = |seq: u64| {
+            let mut n = [0u8; 12];
+            n[4..].copy_from_slice(&seq.to_be_bytes());
+            lc::Nonce::assume_unique_for_key(n)
+        };
+        let mut seq = 0u64;
+        per_gb("AES-128-GCM seal (aws-lc-rs)", bytes, |buf| {
+            seq += 1;
+            let tag = key
+                .seal_in_place_separate_tag(lc_nonce(seq), lc::Aad::from([0u8; 5]), buf)
+                .unwrap();
+            let _ = std::hint::black_box(tag);
+        });
+        let mut sealed = vec![0x5au8; RECORD];
+        let tag = key
+            .seal_in_place_separate_tag(lc_nonce(0), lc::Aad::from([0u8; 5]), &mut sealed)
+            .unwrap();
+        per_gb("AES-128-GCM open (aws-lc-rs, out of place)", bytes, |buf| {
+            key.open_separate_gather(
+                lc_nonce(0),
+                lc::Aad::from([0u8; 5]),
+                &sealed,
+                tag.as_ref(),
+                buf,
+            )
+            .unwrap();
         });
     }
     let key = [9u8; 32];

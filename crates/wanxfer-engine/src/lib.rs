@@ -24,6 +24,7 @@ pub mod ops;
 pub mod pool;
 pub mod preserve;
 pub mod progress;
+mod records;
 pub mod secret;
 pub mod select;
 pub mod session;

@@ -228,6 +228,10 @@ pub struct BlockBuf {
     /// Sender side, zero-copy: the payload is `len` bytes of a file, to be sent from the
     /// page cache.
     pub file_range: Option<FileRange>,
+    /// The buffer's bytes were overwritten where they lay after they were sent (sealed
+    /// in place into TLS records): a source that counts on what a fresh buffer holds
+    /// (the synthetic source, zeros) fills it again. Kept when the buffer goes home.
+    pub scribbled: bool,
 }
 
 /// Where a block's payload lies in a file, for sending it from the page cache.
@@ -398,6 +402,7 @@ impl Pool {
                 damaged: Vec::new(),
                 checks: 0,
                 file_range: None,
+                scribbled: false,
             }));
         }
         Pool {

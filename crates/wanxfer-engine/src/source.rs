@@ -722,6 +722,11 @@ impl Reader {
             let len = len as usize;
             let mut block = self.pool.take(&self.cancel)?;
             let checks = if zeros {
+                if block.scribbled {
+                    // Its zeros were sealed into ciphertext when it was last sent.
+                    block.space()[..].fill(0);
+                    block.scribbled = false;
+                }
                 self.zero_checks(&job, len)?
             } else if must_read {
                 let buf = &mut block.space()[..len];

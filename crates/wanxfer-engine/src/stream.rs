@@ -15,6 +15,12 @@
 //!
 //! Plaintext connections get the same split: the reader's and the writer's MAC states are
 //! separate, each with its own key and sequence number.
+//!
+//! A data channel, once joined, leaves rustls for wanxfer's own record layer
+//! ([`Stream::own_records`], `records.rs`), which seals a block where it lies and opens
+//! records straight into the block's buffer. For that hand-over to lose nothing, rustls is
+//! only ever given whole records (during the handshake too): what it has not opened is
+//! then still in our buffer, and what it has opened is still in its plaintext buffer.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -23,7 +29,8 @@ use std::time::Duration;
 
 use wanxfer_proto::handshake::{Binding, BINDING_EXPORTER_LABEL, NO_BINDING};
 
-use crate::tls::{io_error, read_socket, take_tls};
+use crate::records::{Opener, Sealer};
+use crate::tls::{io_error, read_socket, take_tls, whole_record};
 
 /// Bytes read from the socket at a time under TLS, and encrypted per lock under TLS:
 /// large enough that a 4 MiB block costs a few dozen system calls, not a thousand.
@@ -54,6 +61,24 @@ enum Layer {
     Kernel {
         suite: String,
     },
+    /// wanxfer seals and opens the records itself (a data channel, after the handshake).
+    Records(Box<RecordLayer>),
+}
+
+struct RecordLayer {
+    read: Mutex<Opener>,
+    write: Mutex<Sealer>,
+    suite: String,
+    binding: Binding,
+    peer_certificate: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for RecordLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordLayer")
+            .field("suite", &self.suite)
+            .finish_non_exhaustive()
+    }
 }
 
 struct TlsLayer {
@@ -89,8 +114,14 @@ impl Stream {
         }
     }
 
-    /// A connection whose TLS handshake `conn` has completed.
-    pub fn tls(tcp: TcpStream, conn: rustls::Connection) -> Result<Stream, rustls::Error> {
+    /// A connection whose TLS handshake `conn` has completed; `unread` are socket bytes
+    /// read after the last record rustls was given (whole records and perhaps the start
+    /// of one more, see the module's doc).
+    pub fn tls(
+        tcp: TcpStream,
+        conn: rustls::Connection,
+        unread: &[u8],
+    ) -> Result<Stream, rustls::Error> {
         let suite = conn
             .negotiated_cipher_suite()
             .map(|s| format!("{:?}", s.suite()))
@@ -102,9 +133,13 @@ impl Stream {
             layer: Arc::new(Layer::Tls(Box::new(TlsLayer {
                 conn: Mutex::new(conn),
                 read: Mutex::new(ReadBuf {
-                    buf: vec![0; TLS_IO_BYTES],
+                    buf: {
+                        let mut buf = vec![0; TLS_IO_BYTES.max(unread.len())];
+                        buf[..unread.len()].copy_from_slice(unread);
+                        buf
+                    },
                     start: 0,
-                    end: 0,
+                    end: unread.len(),
                 }),
                 write: Mutex::new(Vec::new()),
                 suite,
@@ -126,9 +161,10 @@ impl Stream {
         &self.tcp
     }
 
-    /// Whether bytes must pass through rustls: then no send can bypass user space.
+    /// Whether bytes are sealed in user space (by rustls or by wanxfer's record layer):
+    /// then no send can bypass it.
     pub fn user_space_tls(&self) -> bool {
-        matches!(*self.layer, Layer::Tls(_))
+        matches!(*self.layer, Layer::Tls(_) | Layer::Records(_))
     }
 
     /// What ties proofs made on this connection to it: the TLS exporter's output, or
@@ -136,6 +172,7 @@ impl Stream {
     pub fn binding(&self) -> Binding {
         match &*self.layer {
             Layer::Tls(t) => t.binding,
+            Layer::Records(r) => r.binding,
             _ => NO_BINDING,
         }
     }
@@ -154,6 +191,10 @@ impl Stream {
                 encryption: suite.clone(),
                 offload: "kernel",
             },
+            Layer::Records(r) => Protection {
+                encryption: r.suite.clone(),
+                offload: "wanxfer",
+            },
         }
     }
 
@@ -166,6 +207,7 @@ impl Stream {
                     .and_then(|chain| chain.first())
                     .map(|c| c.to_vec())
             }
+            Layer::Records(r) => r.peer_certificate.clone(),
             _ => None,
         }
     }
@@ -230,6 +272,7 @@ impl Stream {
                 (&self.tcp).write_all(&out)?;
             }
             Layer::Kernel { .. } => crate::ktls::send_close_notify(&self.tcp)?,
+            Layer::Records(r) => lock(&r.write).close_notify(&self.tcp)?,
             Layer::Plain(_) => {}
         }
         self.tcp.shutdown(Shutdown::Write)
@@ -248,7 +291,7 @@ impl Stream {
             return (
                 self,
                 Some(format!(
-                    "kernel TLS unavailable ({e}): rustls seals records"
+                    "kernel TLS unavailable ({e}): wanxfer seals records"
                 )),
             );
         }
@@ -259,7 +302,7 @@ impl Stream {
             Err(layer) => {
                 return (
                     Stream { tcp, layer },
-                    Some("kernel TLS: the connection is shared: rustls seals records".into()),
+                    Some("kernel TLS: the connection is shared: wanxfer seals records".into()),
                 )
             }
         };
@@ -297,6 +340,97 @@ impl Stream {
         }
     }
 
+    /// Leaves rustls for wanxfer's own record layer (`records.rs`): rustls hands over its
+    /// keys and sequence numbers, the plaintext it opened and nobody read yet, and the
+    /// socket bytes it was not given. Only for a stream no other clone uses and that has
+    /// nothing left to send (a joined data channel); anything else stays as it was.
+    pub fn own_records(self) -> io::Result<Stream> {
+        let Layer::Tls(_) = &*self.layer else {
+            return Ok(self);
+        };
+        let Stream { tcp, layer } = self;
+        let t = match Arc::try_unwrap(layer) {
+            Ok(Layer::Tls(t)) => *t,
+            Ok(_) => unreachable!("checked above"),
+            Err(_) => return Err(io::Error::other("the TLS connection is shared")),
+        };
+        let TlsLayer {
+            conn,
+            read,
+            suite,
+            binding,
+            ..
+        } = t;
+        let mut conn = conn.into_inner().unwrap_or_else(|e| e.into_inner());
+        let rb = read.into_inner().unwrap_or_else(|e| e.into_inner());
+        if conn.wants_write() {
+            return Err(io::Error::other(
+                "TLS records were still waiting to be sent",
+            ));
+        }
+        let limit = match conn.negotiated_cipher_suite() {
+            Some(rustls::SupportedCipherSuite::Tls13(s)) => s.common.confidentiality_limit,
+            _ => return Err(io::Error::other("not a TLS 1.3 connection")),
+        };
+        let mut opened = Vec::new();
+        let mut closed = false;
+        let mut chunk = [0u8; 4096];
+        loop {
+            match conn.reader().read(&mut chunk) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(n) => opened.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        let peer_certificate = conn
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .map(|c| c.to_vec());
+        let secrets = conn
+            .dangerous_extract_secrets()
+            .map_err(|e| io::Error::other(format!("extracting the TLS secrets: {e}")))?;
+        let sealer = Sealer::new(secrets.tx.0, &secrets.tx.1, limit)?;
+        // The limit binds the sender; what the peer seals is its own affair.
+        let mut opener = Opener::new(
+            secrets.rx.0,
+            &secrets.rx.1,
+            u64::MAX,
+            opened,
+            &rb.buf[rb.start..rb.end],
+        )?;
+        if closed {
+            opener.close();
+        }
+        Ok(Stream {
+            tcp,
+            layer: Arc::new(Layer::Records(Box::new(RecordLayer {
+                read: Mutex::new(opener),
+                write: Mutex::new(sealer),
+                suite,
+                binding,
+                peer_certificate,
+            }))),
+        })
+    }
+
+    /// Writes `prefix` then `payload` (a block's header and its bytes). Under wanxfer's
+    /// record layer the payload is sealed where it lies and holds ciphertext afterwards;
+    /// otherwise it is left as it was.
+    pub fn write_block(&self, prefix: &[u8], payload: &mut [u8]) -> io::Result<()> {
+        match &*self.layer {
+            Layer::Records(r) => lock(&r.write).write_in_place(&self.tcp, prefix, payload),
+            _ => {
+                let mut out = self;
+                out.write_all(prefix)?;
+                out.write_all(payload)
+            }
+        }
+    }
+
     fn read_tls(&self, t: &TlsLayer, buf: &mut [u8]) -> io::Result<usize> {
         let mut rb = lock(&t.read);
         {
@@ -307,21 +441,32 @@ impl Stream {
                 other => return other,
             }
         }
-        if rb.start < rb.end {
+        if whole_record(&rb.buf[rb.start..rb.end]).is_some() {
             // rustls holds as much plaintext as it takes and none was asked for: cannot
             // happen with a non-empty `buf`; say so instead of spinning.
             return Err(io::Error::other("TLS: plaintext buffer full"));
         }
-        let n = read_socket(&self.tcp, &mut rb.buf)?;
+        // Only the start of a record is left: it moves to the front, more comes behind.
+        let ReadBuf {
+            buf: bytes,
+            start,
+            end,
+        } = &mut *rb;
+        bytes.copy_within(*start..*end, 0);
+        *end -= *start;
+        *start = 0;
+        let filled = rb.end;
+        let n = read_socket(&self.tcp, &mut rb.buf[filled..])?;
         let mut conn = lock(&t.conn);
         if n == 0 {
             // The end: rustls tells a clean close_notify (Ok(0)) from a cut (an error).
+            let mut partial = &rb.buf[rb.start..rb.end];
+            conn.read_tls(&mut partial)?;
             conn.read_tls(&mut io::empty())?;
             conn.process_new_packets().map_err(io_error)?;
             return conn.reader().read(buf);
         }
-        rb.start = 0;
-        rb.end = n;
+        rb.end += n;
         feed(&mut conn, &mut rb)?;
         match conn.reader().read(buf) {
             // Bytes came but not a whole record: the caller retries, with what is left of
@@ -352,18 +497,16 @@ impl Stream {
     }
 }
 
-/// Hands the reader's buffered socket bytes to rustls and decrypts them, as far as
-/// rustls takes them.
+/// Hands the reader's buffered whole records to rustls and decrypts them, as far as
+/// rustls takes them; the start of a record stays in the buffer.
 fn feed(conn: &mut rustls::Connection, rb: &mut ReadBuf) -> io::Result<()> {
-    while rb.start < rb.end {
-        let mut slice = &rb.buf[rb.start..rb.end];
-        match conn.read_tls(&mut slice) {
-            Ok(n) => rb.start += n,
+    while let Some(len) = whole_record(&rb.buf[rb.start..rb.end]) {
+        match crate::tls::give_record(conn, &rb.buf[rb.start..rb.start + len]) {
+            Ok(()) => rb.start += len,
             // Its plaintext buffer is full: the caller takes plaintext first.
             Err(e) if e.kind() == io::ErrorKind::Other => break,
             Err(e) => return Err(e),
         }
-        conn.process_new_packets().map_err(io_error)?;
     }
     Ok(())
 }
@@ -382,6 +525,7 @@ impl Read for &Stream {
             Layer::Tls(t) => self.read_tls(t, buf),
             Layer::Plain(mac) => mac.read(&self.tcp, buf),
             Layer::Kernel { .. } => (&self.tcp).read(buf),
+            Layer::Records(r) => lock(&r.read).read(&self.tcp, buf),
         }
     }
 }
@@ -396,6 +540,7 @@ impl Write for &Stream {
             Layer::Tls(t) => self.write_tls(t, buf),
             Layer::Plain(mac) => mac.write(&self.tcp, buf),
             Layer::Kernel { .. } => (&self.tcp).write_all(buf),
+            Layer::Records(r) => lock(&r.write).write(&self.tcp, buf),
         }
     }
 

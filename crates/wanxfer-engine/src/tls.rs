@@ -734,8 +734,10 @@ pub(crate) fn drive_handshake(
     conn: &mut rustls::Connection,
     deadline: Deadline,
     peer: &str,
-) -> Result<(), Error> {
-    let mut buf = vec![0u8; 16 << 10];
+) -> Result<Vec<u8>, Error> {
+    // Room for the largest record rustls accepts, so that a whole one always fits.
+    let mut buf = vec![0u8; 2 * MAX_WIRE_RECORD];
+    let mut have = 0;
     loop {
         while conn.wants_write() {
             let mut out = Vec::new();
@@ -744,22 +746,70 @@ pub(crate) fn drive_handshake(
             crate::session::conn::write_all_by(tcp, &out, deadline, peer)?;
         }
         if !conn.is_handshaking() {
-            return Ok(());
+            // What follows the handshake is the stream's: rustls gets it record by record.
+            buf.truncate(have);
+            return Ok(buf);
         }
-        let n = crate::session::conn::read_some_by(tcp, &mut buf, deadline, peer, "TLS")?;
-        let mut fed = &buf[..n];
-        while !fed.is_empty() {
-            conn.read_tls(&mut fed)
-                .map_err(|e| Error::network("receiving from", peer, e))?;
-            if let Err(e) = conn.process_new_packets() {
+        let n = crate::session::conn::read_some_by(tcp, &mut buf[have..], deadline, peer, "TLS")?;
+        have += n;
+        let mut fed = 0;
+        while conn.is_handshaking() {
+            let Some(len) = whole_record(&buf[fed..have]) else {
+                break;
+            };
+            if let Err(e) = give_record(conn, &buf[fed..fed + len]) {
                 // The alert that says why, for the peer's log.
                 let mut out = Vec::new();
                 let _ = conn.write_tls(&mut out);
                 let _ = tcp.write_all(&out);
-                return Err(tls_error(peer, e));
+                let refused = e.get_ref().is_some_and(|i| i.is::<rustls::Error>());
+                return Err(match e.into_inner() {
+                    Some(inner) if refused => match inner.downcast::<rustls::Error>() {
+                        Ok(tls) => tls_error(peer, *tls),
+                        Err(other) => Error::network("receiving from", peer, other_io(other)),
+                    },
+                    Some(inner) => Error::network("receiving from", peer, other_io(inner)),
+                    None => Error::protocol(peer, "TLS: the handshake failed"),
+                });
             }
+            fed += len;
         }
+        buf.copy_within(fed..have, 0);
+        have -= fed;
     }
+}
+
+fn other_io(e: Box<dyn std::error::Error + Send + Sync>) -> std::io::Error {
+    std::io::Error::other(e)
+}
+
+/// The largest record rustls reads: header, 2^14 bytes and 2 KiB of expansion.
+const MAX_WIRE_RECORD: usize = 5 + (1 << 14) + 2048;
+
+/// The length of the record `bytes` start with, if they hold all of it. A header that
+/// claims more than any record may hold counts as whole, so that rustls refuses it.
+pub(crate) fn whole_record(bytes: &[u8]) -> Option<usize> {
+    let header = bytes.get(..5)?;
+    let len = 5 + u16::from_be_bytes([header[3], header[4]]) as usize;
+    if len > MAX_WIRE_RECORD {
+        return Some(bytes.len());
+    }
+    (bytes.len() >= len).then_some(len)
+}
+
+/// Gives rustls one whole record and processes it, so that rustls never holds the start
+/// of a record: then everything it has not opened is still in the caller's buffer (see
+/// `Stream::own_records`). `ErrorKind::Other` before anything was taken: its plaintext
+/// buffer is full.
+pub(crate) fn give_record(conn: &mut rustls::Connection, record: &[u8]) -> std::io::Result<()> {
+    let mut rest = record;
+    conn.read_tls(&mut rest)?;
+    while !rest.is_empty() {
+        // Plaintext grows only in `process_new_packets`, so rustls cannot fill up here.
+        conn.read_tls(&mut rest)?;
+    }
+    conn.process_new_packets().map_err(io_error)?;
+    Ok(())
 }
 
 /// Connects to `server` as a client does (TLS unless `tls` is `None`), within
@@ -799,8 +849,8 @@ pub fn accept(
     conn.writer()
         .write_all(greeting)
         .map_err(|e| Error::network("sending to", peer, e))?;
-    drive_handshake(&mut tcp, &mut conn, deadline, peer)?;
-    crate::stream::Stream::tls(tcp, conn).map_err(|e| tls_error(peer, e))
+    let unread = drive_handshake(&mut tcp, &mut conn, deadline, peer)?;
+    crate::stream::Stream::tls(tcp, conn, &unread).map_err(|e| tls_error(peer, e))
 }
 
 /// A rustls error as the engine's: a certificate problem is an authentication failure,

@@ -429,8 +429,9 @@ fn plaintext_needs_both_sides_and_says_which_flag() {
 }
 
 /// Under TLS sealed in user space `sendfile` would bypass the encryption: the session
-/// copies instead, and `--json` says so and why; where the kernel offers TLS the mode
-/// stays and records are sealed there.
+/// copies instead, and `--json` says so and why, and that wanxfer's record layer sealed
+/// the data channels; where the kernel offers TLS the mode stays and records are sealed
+/// there.
 #[test]
 fn under_tls_sendfile_copies_unless_the_kernel_seals_records() {
     let site = Site::new();
@@ -454,7 +455,7 @@ fn under_tls_sendfile_copies_unless_the_kernel_seals_records() {
         }
         Err(_) => {
             assert_eq!(json["io"], "copy", "{json}");
-            assert_eq!(json["tls_records"], "rustls", "{json}");
+            assert_eq!(json["tls_records"], "wanxfer", "{json}");
             let why = json["io_fallback"].as_str().unwrap();
             assert!(why.contains("TLS") && why.contains("kernel"), "{why}");
         }

@@ -229,7 +229,8 @@ pub struct Report {
     pub encryption: String,
     /// What the tuner chose and why, and each channel's measurements.
     pub tune: Option<crate::session::steer::TuneReport>,
-    /// Where the data channels' records are sealed: `rustls`, `kernel` or `none`.
+    /// Who seals the data channels' records: `wanxfer` (its own record layer, in user
+    /// space), `kernel` or `none`.
     pub tls_records: &'static str,
     /// A third-party copy: who moved the data, and what this client moved itself.
     pub third_party: Option<ThirdPartyReport>,
@@ -667,7 +668,8 @@ fn run_once(
     report.tls_records = match protection.offload {
         "none" => "none",
         _ if kernel_tls => "kernel",
-        _ => "rustls",
+        // Data channels leave rustls once joined (`Stream::own_records`).
+        _ => "wanxfer",
     };
     Ok(report)
 }

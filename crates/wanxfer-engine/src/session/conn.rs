@@ -332,22 +332,25 @@ pub fn secure(
     let client = rustls::ClientConnection::new(tls.config.clone(), tls.name.clone())
         .map_err(|e| crate::tls::tls_error(server, e))?;
     let mut conn = rustls::Connection::Client(client);
-    if let Err(e) = crate::tls::drive_handshake(&mut tcp, &mut conn, deadline, server) {
-        let refusal = tls
-            .seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .refusal
-            .take();
-        return Err(match refusal {
-            Some(detail) => Error::Auth {
-                peer: server.to_string(),
-                detail,
-            },
-            None => e,
-        });
-    }
-    Stream::tls(tcp, conn).map_err(|e| crate::tls::tls_error(server, e))
+    let unread = match crate::tls::drive_handshake(&mut tcp, &mut conn, deadline, server) {
+        Ok(unread) => unread,
+        Err(e) => {
+            let refusal = tls
+                .seen
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .refusal
+                .take();
+            return Err(match refusal {
+                Some(detail) => Error::Auth {
+                    peer: server.to_string(),
+                    detail,
+                },
+                None => e,
+            });
+        }
+    };
+    Stream::tls(tcp, conn, &unread).map_err(|e| crate::tls::tls_error(server, e))
 }
 
 /// Reads one framed message with whatever read timeout the stream has (a connection

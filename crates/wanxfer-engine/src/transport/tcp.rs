@@ -7,11 +7,13 @@
 //! add latency on a long path. Credits exist for transports without that property
 //! (RDMA, see [`super::fabric`]).
 //!
-//! Under TLS sealed in user space every byte must pass through rustls, so a block goes as
-//! one write of header and payload through the stream (a copy), and `sendfile` and
-//! `MSG_ZEROCOPY` are not used; the session says so in `io` and `io_fallback`. Where the
-//! kernel offers TLS the sending link hands its records to the kernel once joined
-//! (`Stream::offload_to_kernel`) and `sendfile` stays zero-copy.
+//! Under TLS sealed in user space every byte must pass through the cipher in this
+//! process, so `sendfile` and `MSG_ZEROCOPY` are not used; the session says so in `io` and
+//! `io_fallback`. A link leaves rustls for wanxfer's record layer once joined
+//! (`Stream::own_records`): the sender seals a block's payload in its pool buffer and
+//! writes the records with `writev`, the receiver opens records straight into the block's
+//! buffer (`records.rs`). Where the kernel offers TLS the sending link hands its records
+//! to the kernel instead (`Stream::offload_to_kernel`) and `sendfile` stays zero-copy.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::TcpStream;
@@ -118,6 +120,7 @@ impl Link for TcpLink {
                 }
             }
         }
+        self.channel.own_records()?;
         if self.zerocopy && !self.channel.stream.user_space_tls() {
             self.channel.enable_zerocopy()?;
         }
@@ -132,6 +135,7 @@ impl Link for TcpLink {
     ) -> Result<(), Error> {
         let pool = pool
             .ok_or_else(|| Error::Internal("a TCP link receives into the session's pool".into()))?;
+        self.channel.own_records()?;
         pump_in(&mut self.channel, &pool, &out, ctx)
     }
 }
@@ -164,6 +168,33 @@ impl TcpChannel {
             table: Vec::new(),
             zerocopy: None,
             io_fallback: None,
+        }
+    }
+
+    /// Moves the channel's TLS records from rustls to wanxfer's record layer, if rustls
+    /// still has them (see `Stream::own_records`).
+    fn own_records(&mut self) -> Result<(), Error> {
+        if !matches!(self.stream.protection().offload, "rustls") {
+            return Ok(());
+        }
+        let tcp = self
+            .stream
+            .tcp()
+            .try_clone()
+            .map_err(|e| self.net("setting up the channel to", e))?;
+        let stream = std::mem::replace(&mut self.stream, Stream::plain(tcp));
+        match stream.own_records() {
+            Ok(stream) => {
+                self.stream = stream;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.stream.shutdown(std::net::Shutdown::Both);
+                Err(Error::protocol(
+                    &self.peer,
+                    format!("TLS: taking the data channel's records over from rustls: {e}"),
+                ))
+            }
         }
     }
 
@@ -224,6 +255,24 @@ impl TcpChannel {
         Error::network(context, &self.peer, e)
     }
 
+    /// Reads at least one byte into `buf` (not empty) from a stream under TLS; an end is
+    /// the peer vanishing mid-block.
+    fn read_some(&mut self, buf: &mut [u8]) -> Result<usize, Error> {
+        loop {
+            match (&self.stream).read(buf) {
+                Ok(0) => {
+                    return Err(self.net(
+                        "connection closed mid-block by",
+                        io::ErrorKind::UnexpectedEof.into(),
+                    ))
+                }
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.net("receiving from", e)),
+            }
+        }
+    }
+
     /// Reads exactly `buf.len()` bytes. `Ok(false)` if the stream ended before the first
     /// byte and `clean_end_ok` is set; an end anywhere else is the peer vanishing.
     fn read_full(&mut self, buf: &mut [u8], clean_end_ok: bool) -> Result<bool, Error> {
@@ -261,7 +310,7 @@ impl TcpChannel {
 }
 
 impl BlockTx for TcpChannel {
-    fn send(&mut self, block: Block) -> Result<(), Error> {
+    fn send(&mut self, mut block: Block) -> Result<(), Error> {
         if block.file_range.is_none() && self.zerocopy.is_some() {
             return self
                 .send_zerocopy(block)
@@ -269,7 +318,7 @@ impl BlockTx for TcpChannel {
         }
         if self.stream.user_space_tls() {
             return self
-                .send_through_tls(&block)
+                .send_through_tls(&mut block)
                 .map_err(|e| self.net("sending to", e));
         }
         let sent = match &block.file_range {
@@ -320,10 +369,10 @@ impl BlockTx for TcpChannel {
 }
 
 impl TcpChannel {
-    /// A block through user-space TLS: header and payload in one write (rustls seals
-    /// them into records as they go), the payload from the buffer or, where the reader
-    /// left it in the file for `sendfile`, read from the file.
-    fn send_through_tls(&mut self, block: &Block) -> io::Result<()> {
+    /// A block through user-space TLS: header and payload sealed into records, the
+    /// payload in place in its buffer (it is not needed after it is sent) or, where the
+    /// reader left it in the file for `sendfile`, read from the file.
+    fn send_through_tls(&mut self, block: &mut Block) -> io::Result<()> {
         let mut out = &self.stream;
         match &block.file_range {
             Some(range) if !range.in_buffer => {
@@ -341,10 +390,12 @@ impl TcpChannel {
                 Ok(())
             }
             _ => {
-                // The header goes as a small record of its own: joining it to the payload
-                // would copy the whole block once more.
-                out.write_all(&block.header)?;
-                out.write_all(block.payload())
+                let len = block.len;
+                let header = std::mem::take(&mut block.header);
+                block.scribbled = true;
+                let sent = self.stream.write_block(&header, &mut block.space()[..len]);
+                block.header = header;
+                sent
             }
         }
     }
@@ -402,9 +453,22 @@ impl BlockRx for TcpChannel {
             check = check.with_mac(key, &header, &fixed, &self.table);
         }
         let (segments, space) = block.segments_and_space();
-        for piece in space[..len].chunks_mut(IN_CACHE_PIECE_BYTES) {
-            self.read_full(piece, false)?;
-            check.update(segments, piece);
+        if self.stream.user_space_tls() {
+            // Records are opened straight into the buffer, as many as arrived at a time;
+            // each read's bytes are checked while they are still in cache.
+            let mut got = 0;
+            while got < len {
+                let n = self.read_some(&mut space[got..len])?;
+                for piece in space[got..got + n].chunks(IN_CACHE_PIECE_BYTES) {
+                    check.update(segments, piece);
+                }
+                got += n;
+            }
+        } else {
+            for piece in space[..len].chunks_mut(IN_CACHE_PIECE_BYTES) {
+                self.read_full(piece, false)?;
+                check.update(segments, piece);
+            }
         }
         block.len = len;
         check.settle(&mut block);
