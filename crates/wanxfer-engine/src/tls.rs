@@ -789,6 +789,11 @@ const MAX_WIRE_RECORD: usize = 5 + (1 << 14) + 2048;
 /// The length of the record `bytes` start with, if they hold all of it. A header that
 /// claims more than any record may hold counts as whole, so that rustls refuses it.
 pub(crate) fn whole_record(bytes: &[u8]) -> Option<usize> {
+    // Not a record at all (a web or SSH server answering): whole as it is, so that rustls
+    // refuses it now instead of after waiting for a length read out of text.
+    if bytes.first().is_some_and(|kind| !(20..=24).contains(kind)) {
+        return Some(bytes.len());
+    }
     let header = bytes.get(..5)?;
     let len = 5 + u16::from_be_bytes([header[3], header[4]]) as usize;
     if len > MAX_WIRE_RECORD {

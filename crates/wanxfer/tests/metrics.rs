@@ -289,7 +289,12 @@ fn metrics_and_transfer_log_match_the_transfers() {
         .filter(|(n, _, _)| n == "wanxfer_errors_total")
         .map(|(_, _, v)| v)
         .sum();
-    assert_eq!(errors, 1.0, "one connection failed: {after:?}");
+    assert_eq!(
+        errors,
+        1.0,
+        "one connection failed: {after:?}\n{}",
+        server.log()
+    );
 
     // The transfer log: a JSON line per session, in the order they ended (written as the
     // server's side of a session ends, which may be just after the client exits).

@@ -585,20 +585,27 @@ impl Connection {
         let limits = &self.shared.limits;
         conn::tune_socket(&tcp, limits.stall_timeout);
         let deadline = Deadline::after(limits.handshake_timeout);
+        // Whether the connection said what it is: a client closing the data connections
+        // it opened early (see `join_channel`) may do so before that, and neither that nor
+        // a port scan is a failure to count.
+        let mut identified = false;
         let result = random().and_then(|nonce| {
             let mut handshake =
                 ServerHandshake::with_secret(self.shared.secret.as_deref(), nonce, self.features());
             let greeting = conn::greeting(&handshake.hello());
             let mut stream = self.secure(tcp, &greeting, deadline)?;
             handshake.set_binding(stream.binding());
-            match conn::read_preamble(&mut stream, deadline, &self.peer)? {
+            let kind = conn::read_preamble(&mut stream, deadline, &self.peer)?;
+            identified = true;
+            match kind {
                 ConnectionKind::Control => self.control(stream, deadline, &mut handshake),
                 ConnectionKind::Data => self.join_channel(stream, deadline, &nonce),
                 _ => Err(Error::protocol(&self.peer, "not a client's connection")),
             }
         });
         if let Err(e) = result {
-            if let Some(observer) = &self.shared.observer {
+            let unnamed_close = !identified && matches!(e, Error::Network { .. });
+            if let (Some(observer), false) = (&self.shared.observer, unnamed_close) {
                 observer.connection_failed(e.class());
             }
             match e {
@@ -669,11 +676,13 @@ impl Connection {
         let first = match conn::read_message_by(&mut stream, deadline, &self.peer) {
             // A client opens its first data connections while its control connection
             // authenticates, and closes those its session did not take (it was refused,
-            // or agreed on fewer streams): no error of anyone's.
-            Err(Error::Network { source, .. })
-                if source.kind() == std::io::ErrorKind::UnexpectedEof =>
-            {
-                tracing::debug!("{}: a data connection closed before joining", self.peer);
+            // or agreed on fewer streams): no error of anyone's, however the close looks
+            // from here (an end, a reset, no close_notify).
+            Err(e @ Error::Network { .. }) => {
+                tracing::debug!(
+                    "{}: a data connection closed before joining: {e}",
+                    self.peer
+                );
                 return Ok(());
             }
             other => other?,
