@@ -319,6 +319,11 @@ impl Sink {
         })
     }
 
+    /// Notes that this side will not keep something of kind `key` (once per kind).
+    pub fn note(&self, key: String, text: String) {
+        self.notes.add(key, || text);
+    }
+
     /// What could not be preserved here since the last call, once per kind.
     pub fn take_notes(&self) -> Vec<String> {
         self.notes.take()

@@ -382,6 +382,12 @@ pub struct ServeArgs {
     /// the path. Encrypted clients are served as usual.
     #[arg(long)]
     pub allow_unencrypted: bool,
+    /// Give pushed files the owner and group a client sends with `cp --preserve
+    /// owner,group` or `-a` (running as root). Off by default: any client allowed to
+    /// write could otherwise hand files to any user, root included; without it pushed
+    /// files stay this server's and the client is told why.
+    #[arg(long)]
+    pub accept_owners: bool,
     /// Most concurrent sessions.
     #[arg(long, default_value_t = ServerLimits::default().max_sessions)]
     pub max_sessions: usize,
@@ -531,6 +537,7 @@ impl ServeArgs {
             max_pending: self.max_pending.max(1),
             max_pending_per_address: self.max_pending_per_address.max(1),
             allow_unencrypted: self.allow_unencrypted,
+            accept_owners: self.accept_owners,
             client_ca: self.client_ca.clone(),
             audiences: self.audience.clone(),
             ..ServerLimits::default()

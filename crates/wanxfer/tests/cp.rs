@@ -567,6 +567,7 @@ fn a_missing_secret_file_is_created_private_and_named() {
         .arg("--secret-file")
         .arg(&secret)
         .env_remove("WANXFER_SECRET")
+        .env("WANXFER_STATE_DIR", state_dir())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -587,6 +588,7 @@ fn a_missing_secret_file_is_created_private_and_named() {
         .arg(&src)
         .arg(format!("wanxfer://{addr}/f"))
         .env_remove("WANXFER_SECRET")
+        .env("WANXFER_STATE_DIR", state_dir())
         .output()
         .unwrap();
     let _ = child.kill();

@@ -167,14 +167,19 @@ fn assert_not_kept(copy: &Path, uid: u32) {
     }
 }
 
-/// A site with the tree at `src/data` beside the server's root; `None` (skipped) unless
-/// root, on a file system with attributes.
+/// A site with the tree at `src/data` beside the server's root, served with
+/// `--accept-owners`; `None` (skipped) unless root, on a file system with attributes.
 fn site() -> Option<Site> {
+    site_with(&["--accept-owners"])
+}
+
+/// [`site`] with the server's flags `flags`.
+fn site_with(flags: &[&str]) -> Option<Site> {
     if !is_root() {
         eprintln!("skipped: files owned by others need root");
         return None;
     }
-    let site = Site::new();
+    let site = Site::with_serve_flags(flags);
     if !attributes_work(site.dir.path()) {
         return None;
     }
@@ -214,6 +219,55 @@ fn preserve_keeps_owners_attributes_and_acls_pushed_and_pulled() {
     assert_eq!(again.json()["files_up_to_date"], 4, "{again:#?}");
     assert_kept(&pulled);
     assert_eq!(user_xattrs(&pulled.join("owned.txt")), ["user.origin"]);
+}
+
+/// The note a root server without `--accept-owners` sends a client pushing owners.
+const NOT_ACCEPTED: &str = "owner and group not kept: the server keeps pushed files owned by \
+                            itself; start it with --accept-owners (accept_owners = true in \
+                            its configuration) to keep the owners clients send";
+
+#[test]
+fn a_root_server_keeps_pushed_files_its_own_unless_told_to_accept_owners() {
+    let Some(site) = site_with(&[]) else { return };
+    let src = site.path("src/data");
+    let run = cp_with_notes(args(&["-a"], &src, site.server.url("pushed")));
+    run.assert_ok();
+    assert_eq!(run.stderr.matches(NOT_ACCEPTED).count(), 1, "{run:#?}");
+    let pushed = site.root().join("pushed");
+    assert_same_tree(&src, &pushed, false);
+    // The server's own, everything else kept.
+    for rel in ["owned.txt", "dir", "dir/inner.bin", "acl.txt", "link"] {
+        let m = fs::symlink_metadata(pushed.join(rel)).unwrap();
+        assert_eq!((m.uid(), m.gid()), (0, 0), "{rel}");
+    }
+    assert_eq!(
+        user_xattrs(&pushed.join("dir/inner.bin")),
+        ["user.a", "user.b"]
+    );
+    assert_eq!(
+        xattr(&pushed.join("acl.txt"), "system.posix_acl_access"),
+        Some(acl_bytes())
+    );
+
+    // Pulls are not the server's to refuse: the client, as root, keeps the owners.
+    fs::create_dir_all(site.root().join("orig")).unwrap();
+    make_tree(&site.root().join("orig/data"));
+    let pulled = site.path("pulled");
+    let run = cp_with_notes(args(&["-a"], site.server.url("orig/data"), &pulled));
+    run.assert_ok();
+    assert!(!run.stderr.contains("not kept"), "{run:#?}");
+    assert_kept(&pulled);
+
+    // accept_owners in the configuration file is --accept-owners.
+    let config = site.path("wanxfer.toml");
+    fs::write(&config, "accept_owners = true\n").unwrap();
+    let accepting_root = site.path("accepting");
+    fs::create_dir(&accepting_root).unwrap();
+    let accepting = Server::start(&accepting_root, &["--config", config.to_str().unwrap()]);
+    let run = cp_with_notes(args(&["-a"], &src, accepting.url("pushed")));
+    run.assert_ok();
+    assert!(!run.stderr.contains("not kept"), "{run:#?}");
+    assert_kept(&accepting_root.join("pushed"));
 }
 
 #[test]
@@ -343,7 +397,7 @@ fn preserve_between_two_servers_is_refused_with_a_reason() {
 fn a_destination_without_attributes_lands_the_files_and_the_server_notes_it_once() {
     let Some(site) = site() else { return };
     // ramfs keeps no extended attributes: every set is refused with ENOTSUP.
-    let Some(ramfs) = Site::on_mount("ramfs", "mode=755", &[]) else {
+    let Some(ramfs) = Site::on_mount("ramfs", "mode=755", &["--accept-owners"]) else {
         return;
     };
     let src = site.path("src/data");

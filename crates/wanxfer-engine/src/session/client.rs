@@ -514,11 +514,14 @@ fn run_once(
         tuning.streams
     };
     let agreed = handshake(cfg, request.clone(), || early.start(cfg, expected))?;
+    // A server that knows --preserve says itself why it keeps no owners (not root, or
+    // not started with --accept-owners), in a note of the session.
     if matches!(job, ClientJob::Push { .. })
         && request.flags & owner_group & !agreed.accepted.flags != 0
+        && agreed.auth.negotiated() & wanxfer_proto::features::PRESERVE == 0
     {
         notes.push(format!(
-            "owner and group not kept: the server {} does not run as root",
+            "owner and group not kept: the server {} does not support --preserve",
             cfg.server
         ));
     }

@@ -107,6 +107,9 @@ pub struct ServerLimits {
     pub identity: Option<ServerIdentity>,
     /// Clients may ask for no encryption (`--allow-unencrypted`).
     pub allow_unencrypted: bool,
+    /// Pushed files get the owner and group the client sends (`--accept-owners`); without
+    /// it they stay this server's, as when it does not run as root.
+    pub accept_owners: bool,
     /// The exports (`[[export]]` in the configuration); empty: the root given to
     /// [`Server::bind`] is the one export, read and written with the shared secret.
     pub exports: Vec<ExportConfig>,
@@ -145,11 +148,29 @@ impl Default for ServerLimits {
             drain_timeout: Duration::from_secs(10),
             identity: None,
             allow_unencrypted: false,
+            accept_owners: false,
             exports: Vec::new(),
             issuers: Vec::new(),
             audiences: Vec::new(),
             client_ca: None,
         }
+    }
+}
+
+/// Why a receiving server does not give pushed files the owners a client sends, if it
+/// does not: giving files away takes root, and root gives them away only when told to.
+fn owners_refusal(accept_owners: bool) -> Option<String> {
+    if !crate::preserve::may_chown() {
+        Some("owner and group not kept: the server does not run as root".into())
+    } else if !accept_owners {
+        Some(
+            "owner and group not kept: the server keeps pushed files owned by itself; \
+             start it with --accept-owners (accept_owners = true in its configuration) \
+             to keep the owners clients send"
+                .into(),
+        )
+    } else {
+        None
     }
 }
 
@@ -1109,12 +1130,17 @@ impl Connection {
             disk_threads: if receiving { l.writers } else { l.readers } as u32,
         };
         let mut accepted = negotiate::clamp(request, &limits, session_id, wire_placement);
-        // What this side cannot keep is not asked of the sender; the client learns of it
-        // from the answer and says so once.
+        // What this side cannot or will not keep is not asked of the sender; the client
+        // learns of it from the answer, and why from this side's note.
+        let owner_group = session_flags::PRESERVE_OWNER | session_flags::PRESERVE_GROUP;
+        let mut owners_refused = None;
         if auth.negotiated() & wanxfer_proto::features::PRESERVE == 0 {
             accepted.flags &= !session_flags::PRESERVE_ALL;
-        } else if receiving && !crate::preserve::may_chown() {
-            accepted.flags &= !(session_flags::PRESERVE_OWNER | session_flags::PRESERVE_GROUP);
+        } else if receiving && accepted.flags & owner_group != 0 {
+            owners_refused = owners_refusal(l.accept_owners);
+            if owners_refused.is_some() {
+                accepted.flags &= !owner_group;
+            }
         }
         let tuning = Tuning {
             readers: l.readers,
@@ -1249,6 +1275,9 @@ impl Connection {
                     journal,
                     report,
                 )?);
+                if let Some(why) = owners_refused {
+                    sink.note("owner".into(), why);
+                }
                 (Role::Receive(None), Some(sink))
             }
         };
