@@ -363,6 +363,24 @@ fn run(pki: &Pki, subcommand: &str, args: &[&std::ffi::OsStr]) -> Run {
     Run::from_cmd(cmd)
 }
 
+/// `wanxfer SUBCOMMAND` proving the shared secret, verifying the server against the
+/// test CA.
+fn with_secret(pki: &Pki, subcommand: &str, args: &[&str]) -> Run {
+    let mut cmd = Command::new(wanxfer_bin());
+    cmd.arg(subcommand)
+        .args(if subcommand == "cp" {
+            vec!["--quiet"]
+        } else {
+            vec![]
+        })
+        .arg("--ca")
+        .arg(pki.path("ca.pem"))
+        .args(args)
+        .env("WANXFER_SECRET", SECRET)
+        .env("WANXFER_STATE_DIR", state_dir());
+    Run::from_cmd(cmd)
+}
+
 fn os(s: &str) -> &std::ffi::OsStr {
     std::ffi::OsStr::new(s)
 }
@@ -642,14 +660,8 @@ fn a_server_without_a_secret_takes_only_credentials() {
         fs::read(&src).unwrap()
     );
     let before = tree(&pki.path("data"));
-    let mut cmd = Command::new(wanxfer_bin());
-    cmd.args(["cp", "--quiet", "--ca"])
-        .arg(pki.path("ca.pem"))
-        .arg(&src)
-        .arg(server.url("data/by-secret.bin"))
-        .env("WANXFER_SECRET", SECRET)
-        .env("WANXFER_STATE_DIR", state_dir());
-    Run::from_cmd(cmd)
+    let (src_s, dest) = (src.to_str().unwrap(), server.url("data/by-secret.bin"));
+    with_secret(&pki, "cp", &[src_s, &dest])
         .assert_code(3)
         .assert_stderr_mentions("takes no shared secret");
     assert_eq!(tree(&pki.path("data")), before);
@@ -664,17 +676,7 @@ fn a_read_only_identity_changes_nothing() {
     let before = tree(&pki.path("pub"));
     let src = pki.path("src.bin");
     common::write_pattern(&src, 1 << 20, 5);
-    let secret = |sub: &str, args: &[&str]| {
-        let mut cmd = Command::new(wanxfer_bin());
-        cmd.arg(sub)
-            .args(if sub == "cp" { vec!["--quiet"] } else { vec![] })
-            .arg("--ca")
-            .arg(pki.path("ca.pem"))
-            .args(args)
-            .env("WANXFER_SECRET", SECRET)
-            .env("WANXFER_STATE_DIR", state_dir());
-        Run::from_cmd(cmd)
-    };
+    let secret = |sub: &str, args: &[&str]| with_secret(&pki, sub, args);
     let src_s = src.to_str().unwrap();
     for (what, r) in [
         (

@@ -391,6 +391,7 @@ impl crate::ops::server::ThirdParty for Shared {
         };
         let side = super::tpc::SourceSide {
             root: &export.root,
+            exports: &self.exports,
             limits: &self.limits,
             state_dir: self.limits.state_dir.as_deref(),
             stopping: &self.stopping,

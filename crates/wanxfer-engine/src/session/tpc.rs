@@ -33,6 +33,7 @@ use super::server::ServerLimits;
 use super::state::StateDir;
 use super::Tuning;
 use crate::fs::Root;
+use crate::ops::server::relative_text;
 use crate::pool::Cancel;
 use crate::progress::Progress;
 use crate::source::Source;
@@ -45,6 +46,8 @@ pub const REPORT_INTERVAL: Duration = Duration::from_secs(1);
 /// What the source needs from its server.
 pub(crate) struct SourceSide<'a> {
     pub root: &'a Root,
+    /// What errors are shown against: paths relative to the export, as everywhere.
+    pub exports: &'a crate::auth::Exports,
     pub limits: &'a ServerLimits,
     /// Where this server keeps its own state (placements of its pushes).
     pub state_dir: Option<&'a std::path::Path>,
@@ -88,7 +91,7 @@ pub(crate) fn push(
             Error::LocalIo { source, .. } => crate::ops::failure_of(source),
             _ => wanxfer_proto::ops::OpFailure::Invalid,
         },
-        message: relative(side.root, e.to_string()),
+        message: relative_text(side.exports, &e.to_string()),
     })?;
     let defaults = Tuning::default();
     let tuning = Tuning {
@@ -171,10 +174,9 @@ pub(crate) fn push(
             summarize(&report, Some(&error))
         }
     };
-    let root = side.root;
     let fix = |m: &mut Vec<u8>| {
         *m = cut(
-            relative(root, String::from_utf8_lossy(m).into_owned()),
+            relative_text(side.exports, &String::from_utf8_lossy(m)),
             MAX_MESSAGE_BYTES,
         );
     };
@@ -252,10 +254,4 @@ fn summary_class(e: &Error) -> FailureClass {
         Error::Network { .. } => FailureClass::Network,
         e => e.wire_class(),
     }
-}
-
-/// An error's text as the client may see it: paths relative to the served root.
-fn relative(root: &Root, text: String) -> String {
-    let shown = root.path().display().to_string();
-    text.replace(&format!("{shown}/"), "").replace(&shown, ".")
 }
