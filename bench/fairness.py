@@ -36,7 +36,7 @@ def run(name, gap, after, window, timeout):
     # for --gap): if the emulator carries less, they only last longer.
     tail = after + window + 5
     sizes = [int(bps / 8 * gap + bps / 16 * tail), int(bps / 16 * tail)]
-    files = [f"/tmp/wanxfer-fairness-{i}.jsonl" for i in (1, 2)]
+    files = [f"/tmp/wanxfer-fairness-{os.getpid()}-{i}.jsonl" for i in (1, 2)]
     for f in files + [f + ".out" for f in files]:
         if os.path.exists(f):
             os.unlink(f)

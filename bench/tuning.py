@@ -44,7 +44,8 @@ BIN_DIR = os.environ.get("WANXFER_BIN_DIR")
 REL = BIN_DIR or os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release")
 RIGHT = "10.77.0.2"
 SECRET = "tuning-bench-0123456789abcdef"
-OUT_FILE = "/tmp/wanxfer-tuning-bench.json"
+# Per process, so two bench scripts can run at once without reading each other's output.
+OUT_FILE = f"/tmp/wanxfer-tuning-bench-{os.getpid()}.out"
 
 
 def rate_bps(text):
@@ -94,6 +95,7 @@ def emulate(rtt_ms, rate, loss, right, left, buffer=None, steps=(), timeout=3600
     try:
         with open(OUT_FILE) as f:
             out = f.read()
+        os.unlink(OUT_FILE)
     except OSError:
         out = ""
     return out, report, err
@@ -176,7 +178,8 @@ def gridftp(path, size, parallel, tcp_bs, timeout=3600):
     """globus-url-copy memory to memory (/dev/zero to /dev/null) as bench/peers.py runs it,
     with hand-chosen -p and -tcp-bs. The server takes one connection (-1) and exits, so
     /usr/bin/time on each side sees all its CPU (its forked session child included)."""
-    srv_time, cli_time = "/tmp/wanxfer-tuning-gridftp-server.time", "/tmp/wanxfer-tuning-gridftp-client.time"
+    pid = os.getpid()
+    srv_time, cli_time = f"/tmp/wanxfer-tuning-gridftp-server-{pid}.time", f"/tmp/wanxfer-tuning-gridftp-client-{pid}.time"
     for f in (srv_time, cli_time):
         if os.path.exists(f):
             os.unlink(f)
@@ -186,7 +189,7 @@ def gridftp(path, size, parallel, tcp_bs, timeout=3600):
     hosts = {}
     host = socket.gethostname()
     for side, ip in (("right", RIGHT), ("left", "10.77.0.1")):
-        hosts[side] = f"/tmp/wanxfer-tuning-hosts-{side}"
+        hosts[side] = f"/tmp/wanxfer-tuning-hosts-{side}-{pid}"
         with open("/etc/hosts") as src, open(hosts[side], "w") as dst:
             dst.write(f"{ip} {host}\n" + src.read())
 
@@ -196,7 +199,7 @@ def gridftp(path, size, parallel, tcp_bs, timeout=3600):
                           f"-anonymous-user nobody -p 2811 -d error -1 -data-interface {RIGHT}") + " >/dev/null 2>&1"
     # The server may take longer than the emulator's settle time to listen on a loaded
     # machine: a refused connection does not use up its one connection, so retry those.
-    gout = "/tmp/wanxfer-tuning-gridftp-client.out"
+    gout = f"/tmp/wanxfer-tuning-gridftp-client-{pid}.out"
     client = private_hosts("left", f"/usr/bin/time -f '%U %S' -o {cli_time} globus-url-copy -vb -fast -p {parallel} "
                            f"-tcp-bs {tcp_bs} -len {size} file:///dev/zero ftp://{RIGHT}:2811/dev/null")
     left = (f"i=0; while :; do s=$(date +%s.%N); {client} > {gout} 2>&1; "
