@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Issue 19: wanxfer with no tuning flags against iperf3 (-P 1/4/8, best) and wanxfer with
-hand-chosen flags, memory to memory through wanxfer-emu, at 50 and 100 ms.
+hand-chosen flags, memory to memory through wanxfer-emu, at 50 and 100 ms; with --paths,
+the issue's six named paths (a)-(f) against iperf3 -P1/-P4 and GridFTP in one run.
 
 Each figure is a ratio to the emulator's goodput ceiling (rate x 1448/1500: what TCP
 payload can reach through a bottleneck of that rate), with CPU seconds per side: for
@@ -10,15 +11,29 @@ counters (bytes out, drops) belong to that run alone and are kept in OUT.json.
 
 usage: sudo bench/tuning.py [--rate 1gbit] [--rtts 50,100] [--bytes 2GiB] [--loss 0.0001]
                             [--hand "--streams 8"] [--out bench/runs/tuning]   (root)
-Writes OUT.json and OUT.md. Smoke run: --bytes 64MiB --rtts 50 (then the figures mostly
-measure slow start: say so when quoting them).
+       sudo bench/tuning.py --paths a,b,c,d,e,f [--scale 1] [--tools wanxfer,iperf3-P1,iperf3-P4,gridftp]
+                            [--gridftp-p 4] [--out bench/runs/paths]
+Writes OUT.json and OUT.md. Smoke run: --bytes 64MiB --rtts 50, or --paths a --scale 0.1
+(then the figures mostly measure slow start: say so when quoting them).
+
+--paths: each transfer is 20 x the path's BDP (times --scale); (f) is sized for 10 s at each
+of its rates. For (f) wanxfer's --progress-json lines give, after each rate change, the
+seconds until its 1 s rate is within 10% of the new ceiling. Where the best tool stays
+below the ceiling while the emulator's forwarder is busy >= 90% of its wall time, the
+summary marks the path emulator-bound: the figure is the emulator's ceiling on this
+machine, and the best tool's goodput (iperf3 -P4 among them) is its floor.
 """
 import argparse
 import json
 import os
+import re
 import shlex
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
@@ -29,7 +44,8 @@ BIN_DIR = os.environ.get("WANXFER_BIN_DIR")
 REL = BIN_DIR or os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release")
 RIGHT = "10.77.0.2"
 SECRET = "tuning-bench-0123456789abcdef"
-OUT_FILE = "/tmp/wanxfer-tuning-bench.json"
+# Per process, so two bench scripts can run at once without reading each other's output.
+OUT_FILE = f"/tmp/wanxfer-tuning-bench-{os.getpid()}.out"
 
 
 def rate_bps(text):
@@ -40,43 +56,80 @@ def rate_bps(text):
     return float(text)
 
 
-def emulate(rtt_ms, rate, loss, right, left):
+def emulate(rtt_ms, rate, loss, right, left, buffer=None, steps=(), timeout=3600):
     """Runs `left` against `right` through a fresh emulated path; returns the left
-    command's output (written to OUT_FILE) and the emulator's report."""
+    command's output (written to OUT_FILE), the emulator's report and its stderr.
+    `steps` are wanxfer-emu --rate-step values ("10s=500mbit"); the emulator is always
+    torn down: it kills the right command when the left one ends, and on a timeout this
+    process kills the emulator's whole process group (it then removes its namespaces on
+    SIGTERM via its Ctrl-C handler)."""
     bps = rate_bps(rate)
     bdp = int(bps * rtt_ms / 1e3 / 8)
     if os.path.exists(OUT_FILE):
         os.unlink(OUT_FILE)
     cmd = [
         f"{REL}/wanxfer-emu", "--cpu", "1", "--rtt", f"{rtt_ms}ms", "--rate", rate,
-        "--buffer", str(max(1_000_000, bdp)), "--tcp-mem", str(max(64 << 20, 4 * bdp)),
+        "--buffer", str(buffer if buffer is not None else max(1_000_000, bdp)),
+        "--tcp-mem", str(max(64 << 20, 4 * bdp)),
         "--loss", str(loss), "--settle", "1",
+        *[x for s in steps for x in ("--rate-step", s)],
         "--right", right,
-        "--left", f"taskset -c 0 sh -c {shlex.quote(left + ' > ' + OUT_FILE)}",
+        "--left", f"taskset -c 0 sh -c {shlex.quote('( ' + left + ' ) > ' + OUT_FILE)}",
     ]
     env = dict(os.environ, WANXFER_SECRET=SECRET, WANXFER_STATE_DIR="/tmp/wanxfer-tuning-bench-state")
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
-    text = p.stdout
+    started = time.time()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    try:
+        text, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGINT)  # the emulator's Ctrl-C handler tears it down
+        try:
+            text, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            text, err = p.communicate()
+        raise benchlib.ToolError(f"timed out after {timeout} s: {' '.join(cmd[:8])} ...: {err[-300:]}")
     report = json.loads(text[text.index("{"):]) if "{" in text else {}
+    report["_started_unix_s"] = started
     try:
         with open(OUT_FILE) as f:
             out = f.read()
+        os.unlink(OUT_FILE)
     except OSError:
         out = ""
-    return out, report, p.stderr
+    return out, report, err
 
 
-def wanxfer(rtt_ms, rate, loss, size, flags):
+def path_of(rtt_ms, rate, loss, buffer=None, steps=()):
+    return {"rtt_ms": rtt_ms, "rate": rate, "loss": loss, "buffer": buffer, "steps": list(steps)}
+
+
+def run_path(path, right, left, timeout):
+    return emulate(path["rtt_ms"], path["rate"], path["loss"], right, left, buffer=path["buffer"],
+                   steps=path["steps"], timeout=timeout)
+
+
+def emu_summary(report):
+    fwd = report.get("forward", {})
+    wall = report.get("wall_seconds") or 0
+    return {**{k: fwd.get(k) for k in ("bytes_out", "dropped_queue", "dropped_loss")},
+            # The forwarder's CPU over its wall time: near 1.0, the emulator (one core) is
+            # the bottleneck rather than the emulated link.
+            "busy": (report.get("cpu_seconds") or 0) / wall if wall else None}
+
+
+def wanxfer(path, size, flags, timeout=3600, progress=False):
     right = f"{REL}/wanxfer serve --root /tmp --listen {RIGHT}:7800 >/dev/null 2>&1"
-    left = (f"{REL}/wanxfer cp --json --quiet {flags} --bytes {size} /dev/zero "
-            f"wanxfer://{RIGHT}:7800/dev/null")
-    out, report, err = emulate(rtt_ms, rate, loss, right, left)
+    left = (f"date +START%s.%N; {REL}/wanxfer cp --json --quiet {'--progress-json ' if progress else ''}"
+            f"{flags} --bytes {size} /dev/zero wanxfer://{RIGHT}:7800/dev/null")
+    out, report, err = run_path(path, right, left, timeout)
     lines = [line for line in out.splitlines() if line.startswith("{")]
     if not lines:
         raise benchlib.ToolError(f"wanxfer {flags}: no result: {err[-500:]}")
     r = json.loads(lines[-1])
     tuning = r.get("tuning") or {}
-    return {
+    row = {
         "gbit_per_s": r["gbit_per_s"],
         "seconds": r["seconds"],
         "client_cpu_s": r["cpu_user_s"] + r["cpu_sys_s"],
@@ -85,14 +138,25 @@ def wanxfer(rtt_ms, rate, loss, size, flags):
         "channels": len(r.get("channels") or []),
         "decisions": tuning.get("decisions"),
         "min_rtt_ms": tuning.get("min_rtt_ms"),
-        "emu": {k: report.get("forward", {}).get(k) for k in ("bytes_out", "dropped_queue", "dropped_loss")},
+        "emu": emu_summary(report),
     }
+    if progress:
+        starts = [float(line[5:]) for line in out.splitlines() if line.startswith("START")]
+        # The emulator's clock starts between its launch and the left command's start
+        # (less the settle time): taking its launch makes every time after a rate change
+        # an upper bound, and `offset_uncertainty_s` says by how much at most.
+        t0 = report["_started_unix_s"]
+        row["cp_start_after_emu_s"] = starts[0] - t0 if starts else None
+        row["progress"] = [{"t_s": (starts[0] - t0 if starts else 0) + p["t_s"], "bits_per_s": p["bits_per_s"],
+                            "streams": p.get("streams")}
+                           for p in map(json.loads, lines[:-1]) if p.get("event") == "progress"]
+    return row
 
 
-def iperf3(rtt_ms, rate, loss, size, parallel):
+def iperf3(path, size, parallel, timeout=3600):
     right = "iperf3 -s -1 >/dev/null 2>&1"
     left = f"iperf3 -c {RIGHT} -J -P {parallel} -n {size}"
-    out, report, err = emulate(rtt_ms, rate, loss, right, left)
+    out, report, err = run_path(path, right, left, timeout)
     try:
         r = json.loads(out)
         end = r["end"]
@@ -106,8 +170,233 @@ def iperf3(rtt_ms, rate, loss, size, parallel):
         "client_cpu_s": cpu["host_total"] / 100 * seconds,
         "server_cpu_s": cpu["remote_total"] / 100 * seconds,
         "streams": parallel,
-        "emu": {k: report.get("forward", {}).get(k) for k in ("bytes_out", "dropped_queue", "dropped_loss")},
+        "emu": emu_summary(report),
     }
+
+
+def gridftp(path, size, parallel, tcp_bs, timeout=3600):
+    """globus-url-copy memory to memory (/dev/zero to /dev/null) as bench/peers.py runs it,
+    with hand-chosen -p and -tcp-bs. The server takes one connection (-1) and exits, so
+    /usr/bin/time on each side sees all its CPU (its forked session child included)."""
+    pid = os.getpid()
+    srv_time, cli_time = f"/tmp/wanxfer-tuning-gridftp-server-{pid}.time", f"/tmp/wanxfer-tuning-gridftp-client-{pid}.time"
+    for f in (srv_time, cli_time):
+        if os.path.exists(f):
+            os.unlink(f)
+    # In a namespace the host's DNS is out of reach and Globus resolves the host name
+    # (for its contact strings, and for the address PASV advertises): each side gets a
+    # private /etc/hosts naming its own address first, and the server -data-interface.
+    hosts = {}
+    host = socket.gethostname()
+    for side, ip in (("right", RIGHT), ("left", "10.77.0.1")):
+        hosts[side] = f"/tmp/wanxfer-tuning-hosts-{side}-{pid}"
+        with open("/etc/hosts") as src, open(hosts[side], "w") as dst:
+            dst.write(f"{ip} {host}\n" + src.read())
+
+    def private_hosts(side, cmd):
+        return f"unshare -m sh -c {shlex.quote(f'mount --bind {hosts[side]} /etc/hosts && exec {cmd}')}"
+    right = private_hosts("right", f"/usr/bin/time -f '%U %S' -o {srv_time} globus-gridftp-server -aa "
+                          f"-anonymous-user nobody -p 2811 -d error -1 -data-interface {RIGHT}") + " >/dev/null 2>&1"
+    # The server may take longer than the emulator's settle time to listen on a loaded
+    # machine: a refused connection does not use up its one connection, so retry those.
+    gout = f"/tmp/wanxfer-tuning-gridftp-client-{pid}.out"
+    client = private_hosts("left", f"/usr/bin/time -f '%U %S' -o {cli_time} globus-url-copy -vb -fast -p {parallel} "
+                           f"-tcp-bs {tcp_bs} -len {size} file:///dev/zero ftp://{RIGHT}:2811/dev/null")
+    left = (f"i=0; while :; do s=$(date +%s.%N); {client} > {gout} 2>&1; "
+            f"rc=$?; e=$(date +%s.%N); if [ $rc = 0 ] || ! grep -q 'Connection refused' {gout} || [ $i -ge 40 ]; "
+            f"then break; fi; i=$((i+1)); sleep 0.5; done; cat {gout}; echo WALL $s $e $rc; sleep 1")
+    out, report, err = run_path(path, right, left, timeout)
+    counted = [int(w.split()[0]) for w in out.replace("\r", "\n").splitlines() if w.strip().endswith("inst")]
+    walls = [line.split()[1:] for line in out.splitlines() if line.startswith("WALL ")]
+    # -vb prints its count about once a second, so a short transfer may print none: then
+    # the client's exit status (0: every byte of -len acknowledged) is the check.
+    if not walls or walls[0][2] != "0" or (counted and counted[-1] != size):
+        raise benchlib.ToolError(f"globus-url-copy -p {parallel}: counted {counted[-1:] or 'nothing'} of {size} "
+                                 f"bytes: {out[-300:]} {err[-300:]}")
+    seconds = float(walls[0][1]) - float(walls[0][0])
+
+    def cpu(f):
+        try:
+            with open(f) as fh:
+                u, s = fh.read().split()[-2:]
+            return float(u) + float(s)
+        except (OSError, ValueError):
+            return None
+    return {"gbit_per_s": size * 8 / seconds / 1e9, "seconds": seconds, "client_cpu_s": cpu(cli_time),
+            "server_cpu_s": cpu(srv_time), "streams": parallel, "tcp_bs": tcp_bs, "emu": emu_summary(report)}
+
+
+# The issue's six paths. Where it names no buffer, a BDP-sized one (at least 1 MB); (f)'s
+# RTT is not named: 50 ms.
+PATHS = {
+    "a": {"rtt_ms": 50, "rate": "2gbit", "loss": 0.0, "buffer": 1_000_000, "steps": [],
+          "what": "50 ms, 2 Gbit/s, 1 MB drop-tail buffer (shallow policer)"},
+    "b": {"rtt_ms": 100, "rate": "1gbit", "loss": 0.0001, "buffer": "bdp", "steps": [],
+          "what": "100 ms, 1 Gbit/s, BDP buffer, 0.01% random loss"},
+    "c": {"rtt_ms": 200, "rate": "500mbit", "loss": 0.0, "buffer": "bdp", "steps": [],
+          "what": "200 ms, 500 Mbit/s, BDP buffer"},
+    "d": {"rtt_ms": 200, "rate": "4gbit", "loss": 0.0, "buffer": "bdp", "steps": [],
+          "what": "200 ms, 4 Gbit/s, BDP buffer"},
+    "e": {"rtt_ms": 30, "rate": "4gbit", "loss": 0.0, "buffer": "bdp", "steps": [],
+          "what": "30 ms, 4 Gbit/s, BDP buffer"},
+    "f": {"rtt_ms": 50, "rate": "2gbit", "loss": 0.0, "buffer": "bdp", "steps": ["10s=500mbit", "20s=2gbit"],
+          "what": "50 ms, 2 Gbit/s, 500 Mbit/s from 10 s, 2 Gbit/s again from 20 s, BDP buffer (at 2 Gbit/s)"},
+}
+GOODPUT = 1448 / 1500
+
+
+def schedule(path):
+    """[(from_s, bits/s)] of the path's bottleneck."""
+    out = [(0.0, rate_bps(path["rate"]))]
+    for s in path["steps"]:
+        at, r = s.split("=")
+        out.append((float(at.rstrip("s")), rate_bps(r)))
+    return out
+
+
+def mean_ceiling(path, t0, t1):
+    """Goodput ceiling (Gbit/s) averaged over [t0, t1] seconds of the emulator's clock."""
+    sched = schedule(path) + [(float("inf"), 0)]
+    total = 0.0
+    for (a, r), (b, _) in zip(sched, sched[1:]):
+        lo, hi = max(a, t0), min(b, t1)
+        if hi > lo:
+            total += (hi - lo) * r
+    return total / (t1 - t0) * GOODPUT / 1e9 if t1 > t0 else schedule(path)[0][1] * GOODPUT / 1e9
+
+
+def recovery(path, progress, within=0.10):
+    """For each rate change: seconds until a progress line's rate (1 s average) is first
+    within `within` of the new ceiling, and the share of later lines (until the next
+    change) that stay within it."""
+    sched = schedule(path)
+    out = []
+    for i, (at, r) in enumerate(sched[1:], 1):
+        until = sched[i + 1][0] if i + 1 < len(sched) else float("inf")
+        target = r * GOODPUT
+        after = [p for p in progress if at < p["t_s"] <= until]
+        ok = [p for p in after if abs(p["bits_per_s"] - target) <= within * target]
+        first = ok[0]["t_s"] - at if ok else None
+        later = [p for p in after if first is not None and p["t_s"] >= ok[0]["t_s"]]
+        out.append({"at_s": at, "to_gbit_per_s": r / 1e9, "seconds_to_within": first,
+                    "lines_after": len(after),
+                    "share_within_after": (sum(1 for p in later if abs(p["bits_per_s"] - target) <= within * target)
+                                           / len(later)) if later else None})
+    return out
+
+
+def run_paths(a):
+    """The issue's targets: every tool on every named path in one run."""
+    tools = a.tools.split(",")
+    bad = [t for t in tools if t not in ("wanxfer", "gridftp") and not re.fullmatch(r"iperf3-P[1-9][0-9]*", t)]
+    if bad:
+        sys.exit(f"--tools: unknown {', '.join(bad)} (wanxfer, iperf3-PN, gridftp)")
+    need = (["iperf3"] if any(t.startswith("iperf3") for t in tools) else []) + \
+        (["globus-url-copy", "globus-gridftp-server", "/usr/bin/time"] if "gridftp" in tools else [])
+    missing = [t for t in need if not shutil.which(t)]
+    if missing:
+        sys.exit(f"not installed: {', '.join(missing)} (apt-get install iperf3 globus-gass-copy-progs "
+                 "globus-gridftp-server-progs time), or leave the tool out of --tools")
+    rows, summaries = [], []
+    for name in a.paths.split(","):
+        if name not in PATHS:
+            sys.exit(f"--paths: unknown path {name!r}; the issue's paths are {','.join(PATHS)}")
+        spec = PATHS[name]
+        top = max(r for _, r in schedule(spec))
+        bdp = int(top * spec["rtt_ms"] / 1e3 / 8)
+        path = dict(spec, buffer=max(1_000_000, bdp) if spec["buffer"] == "bdp" else spec["buffer"])
+        if spec["steps"]:
+            # Long enough to see both changes and 10 s after the second at the full rate.
+            full = int(sum(r * 10 for _, r in schedule(spec)) / 8)
+        else:
+            full = 20 * bdp
+        size = max(int(full * a.scale), 8 << 20)
+        timeout = max(120, size * 8 / (rate_bps(spec["rate"]) / 4) + 60)
+        ceiling = rate_bps(spec["rate"]) * GOODPUT / 1e9
+        runs = {}
+        for tool in tools:
+            try:
+                if tool == "wanxfer":
+                    runs[tool] = wanxfer(path, size, "", timeout, progress=True)
+                elif tool.startswith("iperf3-P"):
+                    runs[tool] = iperf3(path, size, int(tool[len("iperf3-P"):]), timeout)
+                elif tool == "gridftp":
+                    p = a.gridftp_p
+                    tcp_bs = max(1 << 20, -(-2 * bdp // p))
+                    runs[f"gridftp -p {p} -tcp-bs {tcp_bs}"] = gridftp(path, size, p, tcp_bs, timeout)
+            except benchlib.ToolError as e:
+                print(f"path {name} {tool}: {e}", file=sys.stderr, flush=True)
+                runs[tool] = {"error": " ".join(str(e).split())}
+        ok = {k: r for k, r in runs.items() if "error" not in r}
+        for k, r in runs.items():
+            r.update(tool=k, path=name)
+            if "error" not in r:
+                start = r.get("cp_start_after_emu_s") or 1.0
+                r["ceiling_gbit_per_s"] = mean_ceiling(path, start, start + r["seconds"]) if spec["steps"] else ceiling
+                r["of_ceiling"] = r["gbit_per_s"] / r["ceiling_gbit_per_s"]
+            rows.append({k2: v for k2, v in r.items() if k2 != "progress"})
+            print(json.dumps(rows[-1]), flush=True)
+        peers = [r for k, r in ok.items() if k != "wanxfer"]
+        best_peer = max(peers, key=lambda r: r["gbit_per_s"]) if peers else None
+        best = max(ok.values(), key=lambda r: r["gbit_per_s"]) if ok else None
+        summary = {"path": name, "what": spec["what"], "bytes": size, "bdp": bdp, "buffer": path["buffer"],
+                   "ceiling_gbit_per_s": ceiling,
+                   "best_tool": best and best["tool"], "best_gbit_per_s": best and best["gbit_per_s"],
+                   # What the emulator itself carried at most on this path in this run: the
+                   # best tool's goodput, with the forwarder's busy share. Where that share is
+                   # near 1, it is the emulator's own ceiling, not the path's.
+                   "emu_floor_gbit_per_s": best and best["gbit_per_s"],
+                   "emu_busy_at_best": best and best["emu"]["busy"],
+                   "emu_bound": bool(best and (best["emu"]["busy"] or 0) >= 0.9
+                                     and best["gbit_per_s"] < 0.9 * ceiling)}
+        w = ok.get("wanxfer")
+        if w and best_peer:
+            summary["wanxfer_vs_best_peer"] = w["gbit_per_s"] / best_peer["gbit_per_s"]
+            summary["best_peer"] = best_peer["tool"]
+        if w:
+            summary["wanxfer_of_ceiling"] = w["of_ceiling"]
+            if spec["steps"]:
+                summary["recovery"] = recovery(path, w["progress"])
+                summary["cp_start_after_emu_s"] = w["cp_start_after_emu_s"]
+                summary["progress"] = w["progress"]
+        summaries.append(summary)
+    meta = {"machine": benchlib.machine(), "load": benchlib.loadavg(), "binaries": REL, "scale": a.scale,
+            "paths": {n: PATHS[n]["what"] for n in a.paths.split(",")}}
+    with open(a.out + ".json", "w") as f:
+        json.dump({"meta": meta, "rows": rows, "paths": summaries}, f, indent=1)
+    cmdline = f"sudo bench/tuning.py --paths {a.paths} --scale {a.scale} --tools {a.tools} --gridftp-p {a.gridftp_p}"
+    lines = [f"# The issue's six paths: wanxfer (no tuning flags) against iperf3 and GridFTP through wanxfer-emu", "",
+             f"Command: `{cmdline}`", "",
+             f"Machine: {meta['machine']}; load {meta['load']}. Transfers are {a.scale:g} x the issue's size "
+             f"(20 x BDP; (f): 10 s at each rate)" + (" -- **a smoke run, not the targets' size**" if a.scale < 1 else "")
+             + ". Ceiling = rate x 1448/1500 ((f): averaged over the tool's run).", "",
+             "| path | tool | streams | Gbit/s | of ceiling | of best | seconds | client CPU s | server CPU s | emu busy |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    f3 = lambda v, d=2: "-" if v is None else f"{v:.{d}f}"
+    for s in summaries:
+        for r in (r for r in rows if r["path"] == s["path"]):
+            if "error" in r:
+                lines.append(f"| {s['path']} | {r['tool']} | failed: {r['error'][:80]} | | | | | | | |")
+                continue
+            lines.append(f"| {s['path']} | {r['tool']} | {r['streams']} | {r['gbit_per_s']:.3f} | {r['of_ceiling']:.2f} | "
+                         f"{r['gbit_per_s'] / s['best_gbit_per_s']:.2f} | {r['seconds']:.1f} | {f3(r['client_cpu_s'])} | "
+                         f"{f3(r['server_cpu_s'])} | {f3(r['emu']['busy'])} |")
+    lines += ["", "| path | what | bytes | wanxfer / best peer | wanxfer of ceiling | emulator carried (Gbit/s) | emulator-bound |",
+              "|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        lines.append(f"| {s['path']} | {s['what']} | {s['bytes']} | {f3(s.get('wanxfer_vs_best_peer'))} "
+                     f"({s.get('best_peer', '-')}) | {f3(s.get('wanxfer_of_ceiling'))} | {f3(s['emu_floor_gbit_per_s'], 3)} | "
+                     f"{'yes: the figures measure the emulator' if s['emu_bound'] else 'no'} |")
+    for s in summaries:
+        for rc in s.get("recovery", []):
+            lines.append("")
+            lines.append(f"Path {s['path']}, rate change at {rc['at_s']:g} s to {rc['to_gbit_per_s']:g} Gbit/s: wanxfer within 10% "
+                         f"of the new ceiling after {f3(rc['seconds_to_within'], 1)} s (target <= 5 s; 1 s progress lines, an "
+                         f"upper bound by at most {f3(max(0.0, s['cp_start_after_emu_s'] - 1), 1)} s, the emulator's start-up), staying within "
+                         f"it in {f3(rc['share_within_after'])} of the {rc['lines_after']} lines after.")
+    with open(a.out + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def main():
@@ -118,20 +407,31 @@ def main():
     ap.add_argument("--loss", type=float, default=0.0)
     ap.add_argument("--hand", default="--streams 8", help="the hand-tuned wanxfer flags")
     ap.add_argument("--parallel", default="1,4,8", help="iperf3 -P values; the best counts")
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "runs", "tuning"))
+    ap.add_argument("--paths", help="the issue's paths to run, e.g. a,b,c,d,e,f (then --rate/--rtts/--loss/--hand "
+                    "do not apply): wanxfer with no tuning flags against --tools in one run")
+    ap.add_argument("--scale", type=float, default=1.0, help="with --paths: transfer size as a share of 20 x BDP "
+                    "(below 1 only for smoke runs; the output says so)")
+    ap.add_argument("--tools", default="wanxfer,iperf3-P1,iperf3-P4,gridftp", help="with --paths")
+    ap.add_argument("--gridftp-p", type=int, default=4, help="with --paths: globus-url-copy -p (-tcp-bs is "
+                    "2 x BDP / p, at least 1 MiB)")
+    ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    a.out = a.out or os.path.join(ROOT, "bench", "runs", "paths" if a.paths else "tuning")
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
     if not BIN_DIR:
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "wanxfer", "-p", "wanxfer-emu"],
                        cwd=ROOT, check=True)
+    if a.paths:
+        return run_paths(a)
     size = benchlib.parse_size(a.bytes)
     ceiling = rate_bps(a.rate) * 1448 / 1500 / 1e9
     rows = []
     for rtt in [float(r) for r in a.rtts.split(",")]:
-        runs = {"wanxfer tuned": wanxfer(rtt, a.rate, a.loss, size, "")}
-        runs[f"wanxfer {a.hand}"] = wanxfer(rtt, a.rate, a.loss, size, a.hand)
-        iperfs = [iperf3(rtt, a.rate, a.loss, size, int(p)) for p in a.parallel.split(",")]
+        path = path_of(rtt, a.rate, a.loss)
+        runs = {"wanxfer tuned": wanxfer(path, size, "")}
+        runs[f"wanxfer {a.hand}"] = wanxfer(path, size, a.hand)
+        iperfs = [iperf3(path, size, int(p)) for p in a.parallel.split(",")]
         for p, r in zip(a.parallel.split(","), iperfs):
             runs[f"iperf3 -P{p}"] = r
         for name, r in runs.items():
