@@ -264,6 +264,7 @@ impl Driver {
         if self.setup.opener.is_none() {
             return;
         }
+        let tcp = self.setup.transport.kind() == wanxfer_proto::TransportKind::Tcp;
         let p = &self.setup.params;
         let cfg = wanxfer_session::tune::TuneConfig {
             start_streams: if p.auto_streams {
@@ -282,8 +283,10 @@ impl Driver {
             max_depth: p.depth,
             rate_bits_per_s: p.rate_bits_per_s,
             seed: p.session_tag,
+            // Only a sending client's TCP sockets take a pacing rate from here
+            // (`set_pacing`); a receiver or a fabric sender paces only at `--rate`.
+            may_pace: sending && tcp,
         };
-        let tcp = self.setup.transport.kind() == wanxfer_proto::TransportKind::Tcp;
         // A TCP sender leaves pacing to the kernel (`SO_MAX_PACING_RATE` per socket);
         // receiving pumps and RDMA writes keep the rate themselves.
         if let Some(rate) = p.rate_bits_per_s {

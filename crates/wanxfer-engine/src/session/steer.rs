@@ -106,6 +106,8 @@ pub struct Steer {
     /// Counters of sockets that closed, so that the session's sums never go back.
     ended_segments: u64,
     ended_retransmits: u64,
+    /// Bytes the sockets of channels no longer listed in `channels` moved.
+    pruned_bytes: u64,
     channels: BTreeMap<u16, Channel>,
     congestion: Option<String>,
     control_rtt: Option<Duration>,
@@ -133,6 +135,7 @@ impl Steer {
             sending,
             ended_segments: 0,
             ended_retransmits: 0,
+            pruned_bytes: 0,
             channels: BTreeMap::new(),
             congestion,
             control_rtt: None,
@@ -212,12 +215,27 @@ impl Steer {
             else {
                 break;
             };
-            self.channels.remove(&index);
+            if let Some(c) = self.channels.remove(&index) {
+                self.pruned_bytes += self.moved(&c.info);
+            }
         }
         let rtt = if rtt_count > 0 {
             Some(rtt_sum / rtt_count)
         } else {
             self.control_rtt
+        };
+        // What the sockets say was delivered (acknowledged, or received), not the blocks
+        // the session counted: a block is 4 MiB, a few percent of what a 1 Gbit/s path
+        // carries in a half-second reading, enough to fake a peak or a dip.
+        let bytes = if self.channels.is_empty() {
+            bytes
+        } else {
+            self.pruned_bytes
+                + self
+                    .channels
+                    .values()
+                    .map(|c| self.moved(&c.info))
+                    .sum::<u64>()
         };
         let m = Measurement {
             at: now.duration_since(self.start),
