@@ -132,7 +132,24 @@ impl Default for ChannelConfig {
     }
 }
 
+/// Most control credits [`ChannelConfig::for_grants`] sizes a window to: with the
+/// grants' own buffers it stays within the 256 receives the `tcp` provider queues by
+/// default (`FI_TCP_RX_SIZE`) for up to 127 slots.
+pub const MAX_CTRL_CREDITS: u32 = 128;
+
 impl ChannelConfig {
+    /// A channel whose receiver grants up to `grants` slots and whose sender writes
+    /// them all at once, with a control window that lets every grant of a round trip
+    /// out (see [`ctrl_credits_for_grants`]).
+    pub fn for_grants(grants: u32) -> ChannelConfig {
+        ChannelConfig {
+            ctrl_credits: ctrl_credits_for_grants(grants),
+            max_grants: grants,
+            max_writes: grants as usize,
+            ..ChannelConfig::default()
+        }
+    }
+
     fn window(&self) -> u64 {
         u64::from(self.ctrl_credits) + 1
     }
@@ -160,6 +177,23 @@ impl ChannelConfig {
         }
         Ok(())
     }
+}
+
+/// Control credits a window needs so that a receiver granting `grants` slots is never
+/// held back by it.
+///
+/// Why this is the long-RTT limit: grants are window-counted control messages, and the
+/// sender acknowledges them only once half its window is owed, so the receiver may have
+/// a round trip's grants on the wire plus up to half a window the sender holds back, all
+/// unacknowledged. With the fixed default of 8 credits a receiver could hand out at most
+/// 7 grants per round trip, whatever its slot count: 16 slots of 4 MiB at 95 ms moved at
+/// 0.35 of their model. Covering `grants` on the wire plus the sender's half window needs
+/// `2 × grants + 1`; one more leaves room for the layer above's own messages.
+pub fn ctrl_credits_for_grants(grants: u32) -> u32 {
+    grants
+        .saturating_mul(2)
+        .saturating_add(2)
+        .clamp(ChannelConfig::default().ctrl_credits, MAX_CTRL_CREDITS)
 }
 
 /// Permission to write one slot of the peer's block pool.
@@ -320,6 +354,11 @@ impl Channel {
         let window = cfg.window() as u32;
         channel.send_message(Kind::Hello, window, &hello)?;
         Ok(channel)
+    }
+
+    /// The sizes this side opened the channel with.
+    pub fn config(&self) -> &ChannelConfig {
+        &self.cfg
     }
 
     /// What discovery chose.
@@ -844,4 +883,55 @@ fn read_u64(body: &[u8], at: usize) -> Result<u64> {
         .ok_or_else(|| {
             Error::Protocol(format!("message body of {} bytes is too short", body.len()))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The worst moment of a steady transfer: the receiver is about to send the last
+    /// grant of a round trip while all the others are on the wire and the sender still
+    /// holds back one short of its acknowledgement threshold. The window must let that
+    /// grant out, for every slot count it is sized for (issue 19, item 4).
+    #[test]
+    fn a_round_trip_of_grants_fits_the_window() {
+        for grants in 1..=(MAX_CTRL_CREDITS - 2) / 2 {
+            let cfg = ChannelConfig::for_grants(grants);
+            let window = cfg.window();
+            let threshold = (window / 2).max(2);
+            let outstanding = u64::from(grants - 1) + (threshold - 1);
+            let state = Window {
+                peer: Some(window),
+                sent: outstanding,
+                ..Window::default()
+            };
+            assert!(
+                state.allows(Cost::Regular),
+                "{grants} grants, window {window}"
+            );
+        }
+    }
+
+    /// The old fixed window (8 credits) could not: 16 grants stalled after 7.
+    #[test]
+    fn the_default_window_holds_back_sixteen_grants() {
+        let window = ChannelConfig::default().window();
+        let state = Window {
+            peer: Some(window),
+            sent: 8,
+            ..Window::default()
+        };
+        assert!(!state.allows(Cost::Regular));
+    }
+
+    /// Few slots keep the default window; many are capped where the tcp provider's
+    /// receive queue still holds the window and the grants' buffers.
+    #[test]
+    fn credits_are_bounded_both_ways() {
+        assert_eq!(ctrl_credits_for_grants(1), 8);
+        assert_eq!(ctrl_credits_for_grants(16), 34);
+        assert_eq!(ctrl_credits_for_grants(u32::MAX), MAX_CTRL_CREDITS);
+        let cfg = ChannelConfig::for_grants(127).conn_config();
+        assert!(cfg.rx_count <= 256, "{}", cfg.rx_count);
+    }
 }

@@ -30,7 +30,9 @@ mod mr;
 pub mod pingpong;
 
 pub use buf::{AlignedBuf, RegisterMem, PAGE};
-pub use channel::{Channel, ChannelConfig, Credit, Event};
+pub use channel::{
+    ctrl_credits_for_grants, Channel, ChannelConfig, Credit, Event, MAX_CTRL_CREDITS,
+};
 pub use conn::{Completion, ConnConfig, Connection, Listener};
 pub use error::{Error, OpKind, Result};
 pub use info::{FabricConfig, ProviderInfo};

@@ -277,6 +277,11 @@ struct JsonReport<'a> {
     fabric_fabric: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     fabric_domain: Option<&'a str>,
+    /// Fabric sessions: slots per channel, and the control credits sized to grant them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fabric_slots: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fabric_control_credits: Option<u32>,
     /// How this side moved file bytes: its send mode, or how it wrote what it received.
     io: &'a str,
     /// Why it did less than that mode asks for, if it did.
@@ -423,6 +428,8 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool, quiet: bool) {
             fabric_provider: report.fabric.as_ref().map(|f| f.provider.as_str()),
             fabric_fabric: report.fabric.as_ref().map(|f| f.fabric.as_str()),
             fabric_domain: report.fabric.as_ref().map(|f| f.domain.as_str()),
+            fabric_slots: report.fabric.as_ref().map(|f| f.slots),
+            fabric_control_credits: report.fabric.as_ref().map(|f| f.control_credits),
             io: &report.io.mode,
             io_fallback: report.io.fallback.as_deref(),
             direct_bytes: wrote_files(&report.io).then_some(report.io.direct_bytes),

@@ -66,6 +66,10 @@ pub struct FabricNames {
     pub provider: String,
     pub fabric: String,
     pub domain: String,
+    /// Slots (credits) per channel: the blocks one channel has in flight.
+    pub slots: u32,
+    /// Control credits per channel, sized so a round trip's grants are never held back.
+    pub control_credits: u32,
 }
 
 /// Sizes both sides derive from the agreed session parameters.
@@ -88,11 +92,7 @@ impl SlotPlan {
     }
 
     fn channel_config(&self) -> ChannelConfig {
-        ChannelConfig {
-            max_grants: self.slots,
-            max_writes: self.slots as usize,
-            ..ChannelConfig::default()
-        }
+        ChannelConfig::for_grants(self.slots)
     }
 }
 
@@ -137,6 +137,7 @@ pub fn listen(provider: &str, ip: IpAddr) -> Result<(Listener, FabricNames), Err
         provider: info.provider.clone(),
         fabric: info.fabric.clone(),
         domain: info.domain.clone(),
+        ..FabricNames::default()
     };
     Ok((listener, names))
 }
@@ -398,13 +399,15 @@ fn await_join(channel: &mut Channel, peer: &str) -> Result<ChannelJoin, Error> {
     ))
 }
 
-/// Names of what a channel's discovery chose.
+/// Names of what a channel's discovery chose, and the sizes it runs with.
 pub fn names(channel: &Channel) -> FabricNames {
     let info = channel.provider();
     FabricNames {
         provider: info.provider.clone(),
         fabric: info.fabric.clone(),
         domain: info.domain.clone(),
+        slots: channel.config().max_grants,
+        control_credits: channel.config().ctrl_credits,
     }
 }
 
