@@ -1,5 +1,5 @@
-//! `cp --preserve`: owner, group, `user.*` extended attributes and POSIX ACLs, read by the
-//! sender as it walks and applied by the receiver before a file's mode and mtime (a
+//! `cp --preserve`: owner, group, `user.*` extended attributes, POSIX ACLs and holes,
+//! read by the sender as it walks and applied by the receiver before a file's mode and mtime (a
 //! `chown` clears set-id bits, and setting an ACL rewrites the group bits of the mode,
 //! so both come first and the mode last).
 //!
@@ -10,6 +10,14 @@
 //! `trusted.*` and `security.*` attributes never travel (see
 //! `wanxfer_proto::check_xattr_name`): a transfer must not grant file capabilities or
 //! choose security labels, as it never sets setuid bits.
+//!
+//! Holes are found with `SEEK_DATA`/`SEEK_HOLE` as the walker lists a file, so that the
+//! manifest says which ranges are data before anything is read: the sender then plans
+//! those ranges only (as it plans what is left after a resume), and the receiver counts
+//! the holes as received and sizes its temporary with `ftruncate`, writing nothing
+//! there. Each segment that does travel keeps its digest, and the holes read as the
+//! zeros the source had, so verification is as for a dense file. A file with more
+//! ranges than a manifest entry may list travels dense, with a note.
 //!
 //! This module does not decide what a session preserves: that is the request's
 //! `PRESERVE_*` flags, cleared by a receiving server that cannot keep owners.
@@ -22,11 +30,11 @@ use std::sync::Mutex;
 use rustix::fs::XattrFlags;
 use rustix::io::Errno;
 use wanxfer_proto::{
-    session_flags, EntryMeta, ACL_XATTRS, MAX_XATTRS_PER_ENTRY, MAX_XATTR_BYTES_PER_ENTRY,
-    MAX_XATTR_VALUE_BYTES,
+    session_flags, EntryMeta, ACL_XATTRS, MAX_DATA_RANGES_PER_ENTRY, MAX_XATTRS_PER_ENTRY,
+    MAX_XATTR_BYTES_PER_ENTRY, MAX_XATTR_VALUE_BYTES,
 };
 
-use crate::fs::Meta;
+use crate::fs::{Kind, Meta};
 
 /// What a session keeps beyond mode and mtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -35,6 +43,7 @@ pub struct Preserve {
     pub group: bool,
     pub xattrs: bool,
     pub acls: bool,
+    pub sparse: bool,
 }
 
 impl Preserve {
@@ -44,6 +53,7 @@ impl Preserve {
         group: true,
         xattrs: true,
         acls: true,
+        sparse: true,
     };
 
     /// The items of a request's or an answer's session flags.
@@ -53,6 +63,7 @@ impl Preserve {
             group: flags & session_flags::PRESERVE_GROUP != 0,
             xattrs: flags & session_flags::PRESERVE_XATTRS != 0,
             acls: flags & session_flags::PRESERVE_ACLS != 0,
+            sparse: flags & session_flags::PRESERVE_SPARSE != 0,
         }
     }
 
@@ -63,6 +74,7 @@ impl Preserve {
             (self.group, session_flags::PRESERVE_GROUP),
             (self.xattrs, session_flags::PRESERVE_XATTRS),
             (self.acls, session_flags::PRESERVE_ACLS),
+            (self.sparse, session_flags::PRESERVE_SPARSE),
         ] {
             if on {
                 flags |= flag;
@@ -96,6 +108,7 @@ impl Preserve {
             (self.group, "group"),
             (self.xattrs, "xattrs"),
             (self.acls, "acls"),
+            (self.sparse, "sparse"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
@@ -141,8 +154,9 @@ impl Notes {
 
 /// What `preserve` asks of an entry with `meta`: its owner and group from the stat, its
 /// attributes read through `fd` (an open file or directory; `None` for a symlink, whose
-/// attributes are not kept). Attributes past the protocol's limits are left out, and
-/// so is everything of an attribute that changed while it was read; `left_out` says so.
+/// attributes are not kept), and a file's data ranges. Attributes past the protocol's
+/// limits are left out, and so is everything of an attribute that changed while it was
+/// read; `left_out` says so, as it says a file with too many data ranges travels dense.
 pub fn read(
     fd: Option<BorrowedFd<'_>>,
     meta: &Meta,
@@ -153,7 +167,20 @@ pub fn read(
         uid: preserve.owner.then_some(meta.uid),
         gid: preserve.group.then_some(meta.gid),
         xattrs: Vec::new(),
+        data: None,
     };
+    if let (Some(fd), true, Kind::File) = (fd, preserve.sparse, meta.kind) {
+        match data_ranges(fd, meta.size) {
+            Ok(Ranges::Sparse(data)) => out.data = Some(data),
+            Ok(Ranges::Dense) => {}
+            Ok(Ranges::TooMany) => {
+                *left_out = Some(format!(
+                    "more than {MAX_DATA_RANGES_PER_ENTRY} data ranges, so it travels dense"
+                ))
+            }
+            Err(e) => *left_out = Some(format!("its holes could not be found: {e}")),
+        }
+    }
     if let (Some(fd), true) = (fd, preserve.attributes()) {
         match read_xattrs(fd, preserve) {
             Ok((xattrs, None)) => out.xattrs = xattrs,
@@ -164,8 +191,57 @@ pub fn read(
             Err(e) => *left_out = Some(format!("its extended attributes could not be read: {e}")),
         }
     }
-    let empty = out.uid.is_none() && out.gid.is_none() && out.xattrs.is_empty();
+    let empty =
+        out.uid.is_none() && out.gid.is_none() && out.xattrs.is_empty() && out.data.is_none();
     (!empty).then(|| Box::new(out))
+}
+
+/// A file's layout as `SEEK_DATA`/`SEEK_HOLE` see it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ranges {
+    /// No holes (or a file system that does not say): sent as today.
+    Dense,
+    /// These data ranges, `[start, end)`, and holes elsewhere.
+    Sparse(Vec<(u64, u64)>),
+    /// More than [`MAX_DATA_RANGES_PER_ENTRY`] ranges.
+    TooMany,
+}
+
+/// The data ranges of the open file `fd` of `size` bytes. A file system without
+/// `SEEK_DATA` reports the whole file as data, which is [`Ranges::Dense`].
+pub fn data_ranges(fd: BorrowedFd<'_>, size: u64) -> io::Result<Ranges> {
+    use rustix::fs::{seek, SeekFrom};
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    while at < size {
+        let start = match seek(fd, SeekFrom::Data(at)) {
+            Ok(start) => start,
+            // No data at or past `at`: the rest is a hole.
+            Err(Errno::NXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        if start >= size {
+            break;
+        }
+        let end = match seek(fd, SeekFrom::Hole(start)) {
+            Ok(end) => end.min(size),
+            Err(Errno::NXIO) => size,
+            Err(e) => return Err(e.into()),
+        };
+        if end <= start {
+            break; // shrunk meanwhile
+        }
+        if out.len() == MAX_DATA_RANGES_PER_ENTRY {
+            return Ok(Ranges::TooMany);
+        }
+        out.push((start, end));
+        at = end;
+    }
+    Ok(if out == [(0, size)] {
+        Ranges::Dense
+    } else {
+        Ranges::Sparse(out)
+    })
 }
 
 /// The names of the attributes on `fd`, or none where the file system has none.
@@ -331,15 +407,17 @@ fn sync_xattrs(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
 
     #[test]
     fn flags_round_trip_and_only_kept_names_are_kept() {
-        for bits in 0..16u32 {
+        for bits in 0..32u32 {
             let p = Preserve {
                 owner: bits & 1 != 0,
                 group: bits & 2 != 0,
                 xattrs: bits & 4 != 0,
                 acls: bits & 8 != 0,
+                sparse: bits & 16 != 0,
             };
             assert_eq!(Preserve::from_flags(p.flags()), p);
         }
@@ -375,8 +453,37 @@ mod tests {
     }
 
     #[test]
+    fn data_ranges_are_found_and_bounded() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let f = std::fs::File::create(dir.path().join("s")).unwrap();
+        let size = 64u64 << 20;
+        f.set_len(size).unwrap();
+        f.write_all_at(&[1; 4096], 1 << 20).unwrap();
+        f.write_all_at(&[2; 4096], size - 4096).unwrap();
+        match data_ranges(f.as_fd(), size).unwrap() {
+            Ranges::Dense => eprintln!("skipped: no holes under {}", dir.path().display()),
+            Ranges::Sparse(data) => {
+                assert_eq!(data, vec![(1 << 20, (1 << 20) + 4096), (size - 4096, size)])
+            }
+            Ranges::TooMany => panic!("two ranges"),
+        }
+        let empty = std::fs::File::create(dir.path().join("h")).unwrap();
+        empty.set_len(size).unwrap();
+        let all_hole = data_ranges(empty.as_fd(), size).unwrap();
+        assert!(all_hole == Ranges::Dense || all_hole == Ranges::Sparse(Vec::new()));
+        let many = std::fs::File::create(dir.path().join("m")).unwrap();
+        let n = MAX_DATA_RANGES_PER_ENTRY as u64 + 1;
+        many.set_len(n * 8192).unwrap();
+        for i in 0..n {
+            many.write_all_at(&[3; 4096], i * 8192).unwrap();
+        }
+        let got = data_ranges(many.as_fd(), n * 8192).unwrap();
+        assert!(matches!(got, Ranges::Dense | Ranges::TooMany), "{got:?}");
+    }
+
+    #[test]
     fn user_attributes_are_read_and_set_where_the_file_system_has_them() {
-        use std::os::fd::AsFd;
         let dir = tempfile::tempdir().unwrap();
         let a = std::fs::File::create(dir.path().join("a")).unwrap();
         let b = std::fs::File::create(dir.path().join("b")).unwrap();

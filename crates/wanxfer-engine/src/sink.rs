@@ -176,7 +176,26 @@ struct Slot {
     mtime_nsec: u32,
     /// What `cp --preserve` keeps of it.
     meta: Option<Box<EntryMeta>>,
+    /// Sparse: its holes count as received, and its temporary is sized, not reserved.
+    sparse: bool,
     state: Mutex<SlotState>,
+}
+
+/// The holes of a sparse entry (`--preserve sparse`): what its data ranges leave out.
+fn holes(entry: &Entry) -> Option<Vec<(u64, u64)>> {
+    let data = entry.meta.as_ref()?.data.as_ref()?;
+    let mut out = Vec::with_capacity(data.len() + 1);
+    let mut at = 0;
+    for &(start, end) in data {
+        if start > at {
+            out.push((at, start));
+        }
+        at = end;
+    }
+    if at < entry.size {
+        out.push((at, entry.size));
+    }
+    Some(out)
 }
 
 #[derive(Debug, Default)]
@@ -524,11 +543,49 @@ impl Sink {
                     )?;
                     return Ok(Applied::Pending);
                 }
-                if let Some((state, held)) = self.resume(&dir, name, dest, entry)? {
+                let sparse = entry.meta.as_ref().and_then(|m| m.data.as_ref());
+                if sparse.is_some_and(|data| data.is_empty()) {
+                    // All hole: nothing will arrive.
+                    let temp = TempFile::create(
+                        dir,
+                        name,
+                        self.transfer_tag,
+                        entry.mode,
+                        Some(&self.temps),
+                    )
+                    .map_err(|e| io("create", e))?;
+                    temp.file
+                        .set_len(entry.size)
+                        .map_err(|e| io("set the size of", e))?;
+                    self.insert_slot(id, dest.clone(), entry, SlotState::default());
+                    self.complete(
+                        id,
+                        temp,
+                        entry.mode,
+                        entry.mtime_sec,
+                        entry.mtime_nsec,
+                        entry.size,
+                        dest,
+                        None,
+                        entry.meta.clone(),
+                    )?;
+                    return Ok(Applied::Pending);
+                }
+                if let Some((state, mut held)) = self.resume(&dir, name, dest, entry)? {
+                    if let Some(data) = sparse {
+                        // Only data was ever written; a range over a hole is from
+                        // another layout of the source and is sent again.
+                        held.retain(|r| {
+                            let end = r.offset + u64::from(r.len);
+                            data.iter().any(|&(s, e)| s <= r.offset && end <= e)
+                        });
+                    }
                     self.insert_slot(id, dest.clone(), entry, state);
                     return Ok(Applied::Held(held));
                 }
+                // A sparse file's holes are not compared: its data is sent.
                 if self.limits.compare == Compare::Checksum
+                    && sparse.is_none()
                     && existing.is_some_and(|m| m.kind == Kind::File && m.size == entry.size)
                 {
                     let held = self
@@ -581,7 +638,8 @@ impl Sink {
             self.forget_partial(dir, dest)?;
             return Ok(None);
         };
-        self.open_temp(&mut temp, entry.size, dest)?;
+        let sparse = entry.meta.as_ref().is_some_and(|m| m.data.is_some());
+        self.open_temp(&mut temp, entry.size, sparse, dest)?;
         // The journal stops vouching for the held ranges until the sender has checked
         // them: a range it refuses is written again, and should a crash keep some of the
         // new bytes, a later run must not take them for the old ones. The file goes on
@@ -667,11 +725,17 @@ impl Sink {
         Ok(held)
     }
 
-    fn insert_slot(&self, id: u64, dest: RelPath, entry: &Entry, state: SlotState) {
+    fn insert_slot(&self, id: u64, dest: RelPath, entry: &Entry, mut state: SlotState) {
         if state.temp.is_some() {
             self.open_files.fetch_add(1, Ordering::Relaxed);
         }
+        let holes = holes(entry);
+        for &(start, end) in holes.iter().flatten() {
+            // At most MAX_DATA_RANGES_PER_ENTRY + 1 apart holes, before any data.
+            let _ = state.coverage.add(start, end);
+        }
         let slot = Arc::new(Slot {
+            sparse: holes.is_some(),
             dest,
             size: entry.size,
             mode: entry.mode,
@@ -937,7 +1001,7 @@ impl Sink {
             let mut temp = TempFile::create(dir, name, self.transfer_tag, slot.mode, unnamed)
                 .map_err(|e| Error::local("create", self.show(&slot.dest), e))?;
             if !whole {
-                self.open_temp(&mut temp, slot.size, &slot.dest)?;
+                self.open_temp(&mut temp, slot.size, slot.sparse, &slot.dest)?;
                 if let (Some(journal), Some(temp_name)) = (&self.journal, temp.name()) {
                     let file = journal.next_file();
                     journal.append(&[Record::Partial {
@@ -957,11 +1021,24 @@ impl Sink {
         Ok(state.temp.clone())
     }
 
-    /// Reserves a multi-block temporary's size and opens its direct handle.
-    fn open_temp(&self, temp: &mut TempFile, size: u64, dest: &RelPath) -> Result<(), Error> {
+    /// Reserves a multi-block temporary's size (a sparse one's is only set, leaving its
+    /// holes unallocated) and opens its direct handle.
+    fn open_temp(
+        &self,
+        temp: &mut TempFile,
+        size: u64,
+        sparse: bool,
+        dest: &RelPath,
+    ) -> Result<(), Error> {
         let local = |op, e| Error::local(op, self.show(dest), e);
-        temp.reserve(size)
-            .map_err(|e| local("reserve space for", e))?;
+        if sparse {
+            temp.file
+                .set_len(size)
+                .map_err(|e| local("set the size of", e))?;
+        } else {
+            temp.reserve(size)
+                .map_err(|e| local("reserve space for", e))?;
+        }
         if self.direct {
             let direct = temp
                 .write_direct()

@@ -435,9 +435,7 @@ impl Walker {
         let mut left_out = None;
         let opened;
         let fd = match entry.kind {
-            _ if !self.preserve.attributes() => None,
-            EntryKind::Dir => self.stack.last().map(|frame| frame.fd.as_fd()),
-            EntryKind::File => {
+            EntryKind::File if self.preserve.sparse || self.preserve.attributes() => {
                 opened = self
                     .parent_of(base, &entry.path)
                     .ok()
@@ -452,6 +450,8 @@ impl Walker {
                     });
                 opened.as_ref().map(|fd| fd.as_fd())
             }
+            _ if !self.preserve.attributes() => None,
+            EntryKind::Dir => self.stack.last().map(|frame| frame.fd.as_fd()),
             _ => None,
         };
         let read = preserve::read(fd, meta, self.preserve, &mut left_out);

@@ -43,6 +43,9 @@ pub const MAX_SELECTED_PATHS: usize = 16_384;
 /// Most extended attributes one entry carries (ACLs included: they travel as their
 /// `system.posix_acl_*` attributes).
 pub const MAX_XATTRS_PER_ENTRY: usize = 128;
+/// Most data ranges one sparse entry lists ([`EntryMeta::data`]); a file with more
+/// travels dense.
+pub const MAX_DATA_RANGES_PER_ENTRY: usize = 1024;
 /// Longest extended attribute name: Linux's `XATTR_NAME_MAX`.
 pub const MAX_XATTR_NAME_BYTES: usize = 255;
 /// Largest extended attribute value: Linux's `XATTR_SIZE_MAX`.
@@ -201,9 +204,13 @@ pub mod session_flags {
     pub const PRESERVE_XATTRS: u32 = 1 << 8;
     /// Keep POSIX ACLs (their `system.posix_acl_access`/`_default` attributes).
     pub const PRESERVE_ACLS: u32 = 1 << 9;
+    /// Keep holes: entries may list their data ranges ([`crate::EntryMeta::data`]), only
+    /// those are sent, and the receiver leaves the rest unallocated.
+    pub const PRESERVE_SPARSE: u32 = 1 << 10;
 
     /// The preserve flags.
-    pub const PRESERVE_ALL: u32 = PRESERVE_OWNER | PRESERVE_GROUP | PRESERVE_XATTRS | PRESERVE_ACLS;
+    pub const PRESERVE_ALL: u32 =
+        PRESERVE_OWNER | PRESERVE_GROUP | PRESERVE_XATTRS | PRESERVE_ACLS | PRESERVE_SPARSE;
 
     pub const ALL: u32 =
         DISCARD | SYNTHETIC_SOURCE | NO_BLOCK_CHECKSUM | NO_FILE_DIGEST | PRESERVE_ALL;
@@ -352,6 +359,11 @@ pub struct EntryMeta {
     /// [`MAX_XATTR_BYTES_PER_ENTRY`] in all. POSIX ACLs are among them as
     /// `system.posix_acl_access` and `system.posix_acl_default`.
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// A sparse file's data ranges `[start, end)`, with
+    /// [`session_flags::PRESERVE_SPARSE`]: sorted, non-empty, apart (never touching),
+    /// within the entry's size, at most [`MAX_DATA_RANGES_PER_ENTRY`]; everything else
+    /// of the file is a hole. Empty: the file is all hole.
+    pub data: Option<Vec<(u64, u64)>>,
 }
 
 impl EntryMeta {
@@ -364,10 +376,11 @@ impl EntryMeta {
                 .iter()
                 .map(|(n, v)| 8 + n.len() + v.len())
                 .sum::<usize>()
+            + self.data.as_ref().map_or(0, |d| 2 + 16 * d.len())
     }
 
     fn is_empty(&self) -> bool {
-        self.uid.is_none() && self.gid.is_none() && self.xattrs.is_empty()
+        self.uid.is_none() && self.gid.is_none() && self.xattrs.is_empty() && self.data.is_none()
     }
 }
 
@@ -1156,7 +1169,8 @@ const ENTRY_HAS_META: u8 = 0x80;
 const META_UID: u8 = 1 << 0;
 const META_GID: u8 = 1 << 1;
 const META_XATTRS: u8 = 1 << 2;
-const META_ALL: u8 = META_UID | META_GID | META_XATTRS;
+const META_DATA: u8 = 1 << 3;
+const META_ALL: u8 = META_UID | META_GID | META_XATTRS | META_DATA;
 
 fn encode_entry(entry: &Entry, e: &mut Encoder) {
     let kind = match entry.kind {
@@ -1189,6 +1203,9 @@ fn encode_meta(meta: &EntryMeta, e: &mut Encoder) {
     if !meta.xattrs.is_empty() {
         present |= META_XATTRS;
     }
+    if meta.data.is_some() {
+        present |= META_DATA;
+    }
     e.u8(present);
     if let Some(uid) = meta.uid {
         e.u32(uid);
@@ -1201,6 +1218,13 @@ fn encode_meta(meta: &EntryMeta, e: &mut Encoder) {
         for (name, value) in &meta.xattrs {
             e.bytes(name);
             e.bytes(value);
+        }
+    }
+    if let Some(data) = &meta.data {
+        e.u16(data.len() as u16);
+        for &(start, end) in data {
+            e.u64(start);
+            e.u64(end);
         }
     }
 }
@@ -1258,6 +1282,29 @@ fn decode_meta(d: &mut Decoder) -> Result<EntryMeta, DecodeError> {
             meta.xattrs.push((name.to_vec(), value.to_vec()));
         }
     }
+    if present & META_DATA != 0 {
+        let n = usize::from(d.u16()?);
+        if n > MAX_DATA_RANGES_PER_ENTRY {
+            return Err(DecodeError::TooLong {
+                what: "data ranges of an entry",
+                len: n,
+                max: MAX_DATA_RANGES_PER_ENTRY,
+            });
+        }
+        let mut data = Vec::with_capacity(n);
+        let mut end_before = None;
+        for _ in 0..n {
+            let (start, end) = (d.u64()?, d.u64()?);
+            if start >= end || end_before.is_some_and(|e| start <= e) {
+                return Err(DecodeError::Invalid(
+                    "data ranges empty, out of order, overlapping or touching",
+                ));
+            }
+            end_before = Some(end);
+            data.push((start, end));
+        }
+        meta.data = Some(data);
+    }
     Ok(meta)
 }
 
@@ -1305,7 +1352,16 @@ fn decode_entry(d: &mut Decoder) -> Result<Entry, DecodeError> {
         meta: None,
     };
     if has_meta {
-        entry.meta = Some(Box::new(decode_meta(d)?));
+        let meta = decode_meta(d)?;
+        if let Some(data) = &meta.data {
+            if entry.kind != EntryKind::File {
+                return Err(DecodeError::Invalid("only files have data ranges"));
+            }
+            if data.last().is_some_and(|&(_, end)| end > entry.size) {
+                return Err(DecodeError::Invalid("a data range past the file's size"));
+            }
+        }
+        entry.meta = Some(Box::new(meta));
     }
     if entry.mtime_nsec >= 1_000_000_000 {
         return Err(DecodeError::Invalid("mtime nanoseconds out of range"));

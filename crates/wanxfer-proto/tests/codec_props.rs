@@ -52,6 +52,7 @@ fn entry_meta() -> impl Strategy<Value = Option<Box<EntryMeta>>> {
                         .into_iter()
                         .map(|(n, v)| (n.into_bytes(), v))
                         .collect(),
+                    data: None,
                 })
             }),
     )
@@ -790,6 +791,79 @@ fn entry_metadata_is_refused_when_ambiguous_or_unknown() {
     );
     assert!(decode_frame(&long).is_err());
 }
+/// Sorted, apart data ranges within `size`, from cut points: distinct sorted cuts
+/// paired up never touch.
+fn data_ranges(size: u64, cuts: &std::collections::BTreeSet<u64>) -> Vec<(u64, u64)> {
+    let cuts: std::collections::BTreeSet<u64> = cuts.iter().map(|c| c % (size + 1)).collect();
+    let cuts: Vec<u64> = cuts.into_iter().collect();
+    cuts.chunks_exact(2).map(|p| (p[0], p[1])).collect()
+}
+
+proptest! {
+    #[test]
+    fn sparse_entries_round_trip(
+        size in 1u64..1 << 40,
+        cuts in prop::collection::btree_set(any::<u64>(), 0..64),
+        uid in prop::option::of(any::<u32>()),
+    ) {
+        let data = data_ranges(size, &cuts);
+        let mut entry = entry_with(EntryMeta { uid, data: Some(data), ..EntryMeta::default() });
+        entry.size = size;
+        let frame = manifest_of(entry.clone());
+        let Ok(Message::Manifest(m)) = decode_frame(&frame) else {
+            panic!("a sparse entry decodes");
+        };
+        prop_assert_eq!(&m.entries[0], &entry);
+        for cut in 1..frame.len() - FrameHeader::LEN {
+            prop_assert!(decode_frame(&frame[..frame.len() - cut]).is_err());
+        }
+    }
+}
+
+#[test]
+fn data_ranges_are_bounded_and_checked() {
+    let sparse = |size: u64, data: Vec<(u64, u64)>| {
+        let mut e = entry_with(EntryMeta {
+            data: Some(data),
+            ..EntryMeta::default()
+        });
+        e.size = size;
+        decode_frame(&manifest_of(e))
+    };
+    let many = |n: u64| (0..n).map(|i| (i * 10, i * 10 + 5)).collect::<Vec<_>>();
+    let max = MAX_DATA_RANGES_PER_ENTRY as u64;
+    assert!(sparse(max * 10, many(max)).is_ok(), "at the limit");
+    assert!(
+        matches!(
+            sparse(max * 10 + 10, many(max + 1)),
+            Err(DecodeError::TooLong {
+                max: MAX_DATA_RANGES_PER_ENTRY,
+                ..
+            })
+        ),
+        "one past it"
+    );
+    assert!(sparse(100, Vec::new()).is_ok(), "all hole");
+    assert!(sparse(100, vec![(0, 100)]).is_ok());
+    assert!(sparse(100, vec![(0, 101)]).is_err(), "past the size");
+    assert!(sparse(100, vec![(5, 5)]).is_err(), "empty");
+    assert!(sparse(100, vec![(10, 20), (20, 30)]).is_err(), "touching");
+    assert!(
+        sparse(100, vec![(10, 20), (15, 30)]).is_err(),
+        "overlapping"
+    );
+    assert!(
+        sparse(100, vec![(30, 40), (10, 20)]).is_err(),
+        "out of order"
+    );
+    let mut dir = entry_with(EntryMeta {
+        data: Some(vec![(0, 1)]),
+        ..EntryMeta::default()
+    });
+    dir.kind = EntryKind::Dir;
+    assert!(decode_frame(&manifest_of(dir)).is_err(), "a directory");
+}
+
 /// Issue 19: a server's status claiming more buffers on loan than its pool holds is
 /// refused, not shown.
 #[test]

@@ -185,6 +185,26 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                             (b"user.origin".to_vec(), b"detector".to_vec()),
                             (b"system.posix_acl_access".to_vec(), vec![2, 0, 0, 0]),
                         ],
+                        data: None,
+                    })),
+                }],
+            }),
+        ),
+        (
+            "manifest-sparse",
+            Message::Manifest(Manifest {
+                first_id: 0,
+                entries: vec![Entry {
+                    kind: EntryKind::File,
+                    path: path("sparse.img"),
+                    size: 1 << 20,
+                    mode: 0o644,
+                    mtime_sec: 1,
+                    mtime_nsec: 0,
+                    link_target: vec![],
+                    meta: Some(Box::new(EntryMeta {
+                        data: Some(vec![(4096, 8192), ((1 << 20) - 512, 1 << 20)]),
+                        ..EntryMeta::default()
                     })),
                 }],
             }),

@@ -49,6 +49,8 @@ pub enum SenderWork {
 struct SendFile {
     kind: EntryKind,
     size: u64,
+    /// A sparse file's data ranges: all that is sent of it (the rest are holes).
+    data: Option<Vec<(u64, u64)>>,
     held: Vec<HeldRange>,
     held_complete: bool,
     verifying: bool,
@@ -156,6 +158,7 @@ impl SenderMachine {
             SendFile {
                 kind: entry.kind,
                 size: entry.size,
+                data: entry.meta.as_ref().and_then(|m| m.data.clone()),
                 held: Vec::new(),
                 held_complete: false,
                 verifying: false,
@@ -321,7 +324,10 @@ impl SenderMachine {
             return Ok(()); // resolved already (up to date, or failed)
         };
         if file.held.is_empty() {
-            self.planner.add_whole(id, file.size, plans);
+            match &file.data {
+                Some(data) => self.planner.add_ranges(id, file.size, data.clone(), plans),
+                None => self.planner.add_whole(id, file.size, plans),
+            }
             return Ok(());
         }
         if !file.held_complete {
@@ -392,10 +398,13 @@ impl SenderMachine {
         }
         file.held.clear();
         let size = file.size;
+        let mut missing = have.gaps(size);
+        if let Some(data) = &file.data {
+            missing = intersect(&missing, data);
+        }
         self.link.send(Message::Confirm(Confirm::new(id, matches)));
         let mut plans = Vec::new();
-        self.planner
-            .add_ranges(id, size, have.gaps(size), &mut plans);
+        self.planner.add_ranges(id, size, missing, &mut plans);
         self.planner.flush(&mut plans);
         self.work.extend(plans.into_iter().map(SenderWork::Read));
         have.bytes()
@@ -592,9 +601,37 @@ impl SenderMachine {
     }
 }
 
+/// The parts of sorted, apart ranges `a` that are also in sorted, apart ranges `b`.
+fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < a.len() && j < b.len() {
+        let (start, end) = (a[i].0.max(b[j].0), a[i].1.min(b[j].1));
+        if start < end {
+            out.push((start, end));
+        }
+        if a[i].1 < b[j].1 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_data_ranges_are_planned_again() {
+        let gaps = [(0, 10), (20, 100)];
+        let data = [(5, 25), (30, 40), (90, 200)];
+        assert_eq!(
+            intersect(&gaps, &data),
+            vec![(5, 10), (20, 25), (30, 40), (90, 100)]
+        );
+        assert!(intersect(&gaps, &[]).is_empty());
+    }
     use wanxfer_proto::RelPath;
 
     fn cfg() -> SenderConfig {

@@ -696,11 +696,12 @@ pub struct CpArgs {
     pub parents: bool,
     /// Keep more than mode and mtime (comma-separated, repeatable): owner and group
     /// (numeric ids; only where the receiving side runs as root), xattrs (user.*
-    /// attributes; trusted.* and security.* never travel), acls (POSIX ACLs). What the
-    /// destination cannot keep is noted once, not failed.
+    /// attributes; trusted.* and security.* never travel), acls (POSIX ACLs), sparse
+    /// (holes: only data is sent, and holes stay unallocated on the destination). What
+    /// the destination cannot keep is noted once, not failed.
     #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
     pub preserve: Vec<PreserveArg>,
-    /// Archive: --preserve owner,group,xattrs,acls, each where the destination allows
+    /// Archive: --preserve owner,group,xattrs,acls,sparse, each where the destination allows
     /// it (owner and group only where the receiving side runs as root, attributes
     /// only where its file system has them); modes and mtimes are always kept.
     #[arg(long, short = 'a')]
@@ -748,6 +749,8 @@ pub enum PreserveArg {
     Xattrs,
     /// POSIX ACLs (access and default).
     Acls,
+    /// Holes in sparse files: only data ranges are sent, holes stay unallocated.
+    Sparse,
 }
 
 /// How file bytes are sent.
@@ -1075,6 +1078,7 @@ impl CpArgs {
                 PreserveArg::Group => keep.group = true,
                 PreserveArg::Xattrs => keep.xattrs = true,
                 PreserveArg::Acls => keep.acls = true,
+                PreserveArg::Sparse => keep.sparse = true,
             }
         }
         keep

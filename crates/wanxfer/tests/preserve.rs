@@ -417,3 +417,82 @@ fn a_destination_without_attributes_lands_the_files_and_the_server_notes_it_once
         2346
     );
 }
+
+/// A 64 MiB file with two small data extents, the second at the very end, and a file
+/// that is all hole, in `at`; `false` (skipped, with a note) where the file system
+/// does not report holes.
+fn make_sparse(at: &Path) -> bool {
+    use std::os::unix::fs::FileExt;
+    fs::create_dir_all(at).unwrap();
+    let f = fs::File::create(at.join("sparse.img")).unwrap();
+    f.set_len(SPARSE_SIZE).unwrap();
+    f.write_all_at(&[7u8; 100_000], 5 << 20).unwrap();
+    f.write_all_at(&[9u8; 3000], SPARSE_SIZE - 3000).unwrap();
+    fs::File::create(at.join("hole.img"))
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    write_pattern(&at.join("dense.txt"), 5000, 4);
+    let blocks = fs::metadata(at.join("sparse.img")).unwrap().blocks();
+    if blocks * 512 > 1 << 20 {
+        eprintln!("skipped: {} keeps no holes", at.display());
+        return false;
+    }
+    true
+}
+
+const SPARSE_SIZE: u64 = 64 << 20;
+
+/// `run` moved the data extents of [`make_sparse`]'s files, `data` bytes rounded out to
+/// the file system's blocks, and no more.
+#[track_caller]
+fn assert_data_only(run: &Run, data: u64) {
+    let bytes = run.json()["bytes"].as_u64().unwrap();
+    assert!(data <= bytes && bytes < data + (64 << 10), "{run:#?}");
+}
+
+/// Bytes `path` has allocated.
+fn allocated(path: &Path) -> u64 {
+    fs::metadata(path).unwrap().blocks() * 512
+}
+
+#[test]
+fn sparse_files_keep_their_holes_pushed_and_pulled_and_only_data_travels() {
+    let site = Site::new();
+    let src = site.path("src/data");
+    if !make_sparse(&src) {
+        return;
+    }
+    let data_bytes = 100_000 + 3000 + 5000;
+    let run = cp(args(
+        &["--preserve", "sparse", "--json"],
+        &src,
+        site.server.url("pushed"),
+    ));
+    run.assert_ok();
+    let pushed = site.root().join("pushed");
+    assert_same_tree(&src, &pushed, false);
+    assert!(allocated(&pushed.join("sparse.img")) < 1 << 20, "{run:#?}");
+    assert_eq!(allocated(&pushed.join("hole.img")), 0);
+    assert_data_only(&run, data_bytes);
+
+    let pulled = site.path("pulled");
+    let run = cp(args(&["-a", "--json"], site.server.url("pushed"), &pulled));
+    run.assert_ok();
+    assert_same_tree(&src, &pulled, false);
+    assert!(allocated(&pulled.join("sparse.img")) < 1 << 20, "{run:#?}");
+    assert_eq!(allocated(&pulled.join("hole.img")), 0);
+    assert_data_only(&run, data_bytes);
+
+    // Without it, holes travel as zeros and land allocated.
+    let dense = site.path("dense");
+    let run = cp(args(&["--json"], site.server.url("pushed"), &dense));
+    run.assert_ok();
+    assert_same_tree(&src, &dense, false);
+    assert_eq!(
+        run.json()["bytes"],
+        SPARSE_SIZE + (1 << 20) + 5000,
+        "{run:#?}"
+    );
+    assert!(allocated(&dense.join("sparse.img")) >= SPARSE_SIZE);
+}
