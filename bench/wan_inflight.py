@@ -34,16 +34,9 @@ import tuning  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REL = tuning.REL
+rate_bps = tuning.rate_bps
 BLOCKS = [64 << 10, 256 << 10, 1 << 20, 4 << 20]
 DEPTHS = [1, 3, 7, 15]  # slots = depth + 1: 2, 4, 8, 16
-
-
-def rate_bps(text):
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-    for u, m in units.items():
-        if text.endswith(u):
-            return float(text[: -len(u)]) * m
-    return float(text)
 
 
 def sweep(rtt_ms, rate, transport, seconds, buffer=None, pace=None):

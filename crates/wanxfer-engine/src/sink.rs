@@ -520,32 +520,9 @@ impl Sink {
                     }
                     return Ok(Applied::UpToDate);
                 }
-                if entry.size == 0 {
-                    let temp = TempFile::create(
-                        dir,
-                        name,
-                        self.transfer_tag,
-                        entry.mode,
-                        Some(&self.temps),
-                    )
-                    .map_err(|e| io("create", e))?;
-                    self.insert_slot(id, dest.clone(), entry, SlotState::default());
-                    self.complete(
-                        id,
-                        temp,
-                        entry.mode,
-                        entry.mtime_sec,
-                        entry.mtime_nsec,
-                        0,
-                        dest,
-                        None,
-                        entry.meta.clone(),
-                    )?;
-                    return Ok(Applied::Pending);
-                }
                 let sparse = entry.meta.as_ref().and_then(|m| m.data.as_ref());
-                if sparse.is_some_and(|data| data.is_empty()) {
-                    // All hole: nothing will arrive.
+                if entry.size == 0 || sparse.is_some_and(|data| data.is_empty()) {
+                    // Empty, or all hole: nothing will arrive.
                     let temp = TempFile::create(
                         dir,
                         name,
@@ -554,9 +531,11 @@ impl Sink {
                         Some(&self.temps),
                     )
                     .map_err(|e| io("create", e))?;
-                    temp.file
-                        .set_len(entry.size)
-                        .map_err(|e| io("set the size of", e))?;
+                    if entry.size > 0 {
+                        temp.file
+                            .set_len(entry.size)
+                            .map_err(|e| io("set the size of", e))?;
+                    }
                     self.insert_slot(id, dest.clone(), entry, SlotState::default());
                     self.complete(
                         id,

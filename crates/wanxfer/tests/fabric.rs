@@ -18,18 +18,6 @@ const FABRIC: [&str; 4] = ["--transport", "fabric", "--provider", "tcp"];
 const ALLOW: &str = "--allow-unencrypted";
 const PLAIN: &str = "--no-encryption";
 
-/// Whether libfabric's tcp provider is usable here; tests skip (saying so) if not.
-fn fabric_available() -> bool {
-    let ok = std::process::Command::new("fi_info")
-        .args(["-p", "tcp", "-t", "FI_EP_MSG"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("skipped: libfabric's tcp provider is not available (fi_info -p tcp)");
-    }
-    ok
-}
-
 fn fabric_site() -> Site {
     let mut flags = FABRIC.to_vec();
     flags.push(ALLOW);

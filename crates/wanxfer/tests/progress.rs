@@ -236,12 +236,7 @@ fn a_progress_file_that_cannot_be_made_is_a_usage_error_before_connecting() {
 /// Over fabric: per-channel bytes from the RDMA writes' completions, the credits.
 #[test]
 fn a_fabric_push_streams_lines_too() {
-    let ok = std::process::Command::new("fi_info")
-        .args(["-p", "tcp", "-t", "FI_EP_MSG"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("skipped: libfabric's tcp provider is not available (fi_info -p tcp)");
+    if !fabric_available() {
         return;
     }
     let site = Site::with_serve_flags(&[

@@ -303,12 +303,7 @@ fn the_fabric_transport_crosses_a_long_lossy_path_too() {
     if skip() {
         return;
     }
-    let fabric_ok = std::process::Command::new("fi_info")
-        .args(["-p", "tcp", "-t", "FI_EP_MSG"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !fabric_ok {
-        eprintln!("skipped: libfabric's tcp provider is not available");
+    if !fabric_available() {
         return;
     }
     let seed = 17;
@@ -351,12 +346,7 @@ fn a_fabric_stream_at_long_rtt_gets_a_window_for_all_its_slots() {
     if skip() {
         return;
     }
-    let fabric_ok = std::process::Command::new("fi_info")
-        .args(["-p", "tcp", "-t", "FI_EP_MSG"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !fabric_ok {
-        eprintln!("skipped: libfabric's tcp provider is not available");
+    if !fabric_available() {
         return;
     }
     let emu = wan(

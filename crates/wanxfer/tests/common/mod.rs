@@ -641,6 +641,18 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// Whether libfabric's tcp provider is usable here; tests skip (saying so) if not.
+pub fn fabric_available() -> bool {
+    let ok = std::process::Command::new("fi_info")
+        .args(["-p", "tcp", "-t", "FI_EP_MSG"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipped: libfabric's tcp provider is not available (fi_info -p tcp)");
+    }
+    ok
+}
+
 /// A temporary directory with a server root `root/` and a client area beside it.
 ///
 /// Fields drop in this order: the server stops, then the root's file system (if the root
