@@ -32,10 +32,13 @@ def run(name, gap, after, window, timeout):
     bps = tuning.rate_bps(spec["rate"])
     bdp = int(bps * spec["rtt_ms"] / 1e3 / 8)
     path = dict(spec, buffer=max(1_000_000, bdp) if spec["buffer"] == "bdp" else spec["buffer"])
-    # Enough for each to outlast the window at its fair share (the first also runs alone
-    # for --gap): if the emulator carries less, they only last longer.
-    tail = after + window + 5
-    sizes = [int(bps / 8 * gap + bps / 16 * tail), int(bps / 16 * tail)]
+    # More than either could move at the path's whole rate, so that neither finishes
+    # inside the window whatever share it takes; both are interrupted once the window
+    # has closed (the shares come from their progress lines, not their totals).
+    tail = after + window + 3
+    # Not the same size: two identical requests are one transfer to the server, whose
+    # second session would take over from the first (that is how a rerun resumes).
+    sizes = [int(bps / 8 * (gap + tail) * 1.5) + i * (1 << 20) for i in (0, 1)]
     files = [f"/tmp/wanxfer-fairness-{os.getpid()}-{i}.jsonl" for i in (1, 2)]
     for f in files + [f + ".out" for f in files]:
         if os.path.exists(f):
@@ -43,9 +46,10 @@ def run(name, gap, after, window, timeout):
 
     def cp(i):
         return (f"echo START{i} $(date +%s.%N); {tuning.REL}/wanxfer cp --json --quiet --progress-json={files[i - 1]} "
-                f"--bytes {sizes[i - 1]} /dev/zero wanxfer://{RIGHT}:7800/dev/null > {files[i - 1]}.out 2>&1")
+                f"--bytes {sizes[i - 1]} /dev/zero wanxfer://{RIGHT}:7800/dev/null > {files[i - 1]}.out 2>&1 & "
+                f"p{i}=$!")
     right = f"{tuning.REL}/wanxfer serve --root /tmp --listen {RIGHT}:7800 >/dev/null 2>&1"
-    left = f"( {cp(1)} ) & sleep {gap}; {cp(2)}; wait"
+    left = f"{cp(1)}; sleep {gap}; {cp(2)}; sleep {tail}; kill -INT $p1 $p2; wait"
     out, report, err = tuning.run_path(path, right, left, timeout)
     starts = {int(line[5]): float(line.split()[1]) for line in out.splitlines() if line.startswith("START")}
     t0 = report["_started_unix_s"]
@@ -54,15 +58,19 @@ def run(name, gap, after, window, timeout):
         try:
             with open(f) as fh:
                 lines = [json.loads(line) for line in fh if line.startswith("{")]
-            with open(f + ".out") as fh:
-                final = [json.loads(line) for line in fh if line.startswith("{")]
         except (OSError, ValueError) as e:
             raise benchlib.ToolError(f"path {name}, transfer {i}: no progress lines ({e}): {err[-300:]}")
-        if i not in starts or not final:
-            raise benchlib.ToolError(f"path {name}, transfer {i} did not finish: {err[-300:]}")
-        series.append([{"t_s": starts[i] - t0 + p["t_s"], "bits_per_s": p["bits_per_s"], "streams": p.get("streams")}
-                       for p in lines if p.get("event") == "progress"])
-        finals.append(final[-1])
+        progress = [p for p in lines if p.get("event") == "progress"]
+        if i not in starts or not progress:
+            raise benchlib.ToolError(f"path {name}, transfer {i} moved nothing: {err[-300:]}")
+        series.append([{"t_s": starts[i] - t0 + p["t_s"], "bits_per_s": p["bits_per_s"], "streams": p.get("streams"),
+                        "retransmits": sum(c.get("retransmits") or 0 for c in p.get("channels") or [])}
+                       for p in progress])
+        # What each controller decided and why, on the emulator's clock.
+        finals.append({"streams": progress[-1].get("streams"),
+                       "decisions": [{"t_s": starts[i] - t0 + d["at_s"], "streams": d["streams"],
+                                      "pacing_bits_per_s": d.get("pacing_bits_per_s"), "reason": d["reason"]}
+                                     for p in progress for d in p.get("decisions") or []]})
     lo = starts[2] - t0 + after
     hi = lo + window
     means = []
@@ -79,7 +87,7 @@ def run(name, gap, after, window, timeout):
             "mean_gbit_per_s": [m / 1e9 for m in means], "shares": shares,
             "of_half_ceiling": [m / (ceiling / 2) for m in means],
             "within_20pct_of_equal": overlap and all(abs(s - 0.5) <= 0.1 for s in shares),
-            "final": [{"gbit_per_s": f["gbit_per_s"], "seconds": f["seconds"], "streams": f["streams"]} for f in finals],
+            "final": finals,
             "ceiling_gbit_per_s": ceiling / 1e9, "emu": tuning.emu_summary(report), "series": series}
 
 
@@ -157,7 +165,7 @@ def main():
              f"Machine: {meta['machine']}; load {meta['load']}. Shares are each transfer's mean rate (its 1 s "
              "--progress-json lines) over the window, of the two rates' sum; target 0.4-0.6 each.", "",
              "| path | window s | transfer 1 Gbit/s | transfer 2 Gbit/s | shares | of half the ceiling | both ran through | "
-             "within 20% | streams at end |", "|---|---|---|---|---|---|---|---|---|"]
+             "within 20% | streams at the window's end |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['path']} ({r['what']}) | {r['window_s'][0]:.1f}-{r['window_s'][1]:.1f} | "
                      f"{r['mean_gbit_per_s'][0]:.3f} | {r['mean_gbit_per_s'][1]:.3f} | "

@@ -119,11 +119,25 @@ def emu_summary(report):
             "busy": (report.get("cpu_seconds") or 0) / wall if wall else None}
 
 
+def timed(cmd):
+    """`cmd` in a shell snippet that also prints `WALL start end status`: the whole command,
+    process start to exit, set-up and tear-down included, timed alike for every tool."""
+    return f"s=$(date +%s.%N); {cmd}; rc=$?; e=$(date +%s.%N); echo WALL $s $e $rc"
+
+
+def wall_of(out):
+    """(seconds, output without the WALL line) of a `timed` command's output."""
+    walls = [line.split()[1:] for line in out.splitlines() if line.startswith("WALL ")]
+    rest = "\n".join(line for line in out.splitlines() if not line.startswith("WALL "))
+    return (float(walls[-1][1]) - float(walls[-1][0]) if walls else None), rest
+
+
 def wanxfer(path, size, flags, timeout=3600, progress=False):
     right = f"{REL}/wanxfer serve --root /tmp --listen {RIGHT}:7800 >/dev/null 2>&1"
-    left = (f"date +START%s.%N; {REL}/wanxfer cp --json --quiet {'--progress-json ' if progress else ''}"
-            f"{flags} --bytes {size} /dev/zero wanxfer://{RIGHT}:7800/dev/null")
+    left = "date +START%s.%N; " + timed(f"{REL}/wanxfer cp --json --quiet {'--progress-json ' if progress else ''}"
+                                        f"{flags} --bytes {size} /dev/zero wanxfer://{RIGHT}:7800/dev/null")
     out, report, err = run_path(path, right, left, timeout)
+    wall, out = wall_of(out)
     lines = [line for line in out.splitlines() if line.startswith("{")]
     if not lines:
         raise benchlib.ToolError(f"wanxfer {flags}: no result: {err[-500:]}")
@@ -132,6 +146,7 @@ def wanxfer(path, size, flags, timeout=3600, progress=False):
     row = {
         "gbit_per_s": r["gbit_per_s"],
         "seconds": r["seconds"],
+        "wall_s": wall,
         "client_cpu_s": r["cpu_user_s"] + r["cpu_sys_s"],
         "server_cpu_s": r["peer_cpu_user_s"] + r["peer_cpu_sys_s"],
         "streams": r["streams"],
@@ -155,8 +170,9 @@ def wanxfer(path, size, flags, timeout=3600, progress=False):
 
 def iperf3(path, size, parallel, timeout=3600):
     right = "iperf3 -s -1 >/dev/null 2>&1"
-    left = f"iperf3 -c {RIGHT} -J -P {parallel} -n {size}"
+    left = timed(f"iperf3 -c {RIGHT} -J -P {parallel} -n {size}")
     out, report, err = run_path(path, right, left, timeout)
+    wall, out = wall_of(out)
     try:
         r = json.loads(out)
         end = r["end"]
@@ -167,6 +183,7 @@ def iperf3(path, size, parallel, timeout=3600):
     return {
         "gbit_per_s": end["sum_received"]["bits_per_second"] / 1e9,
         "seconds": seconds,
+        "wall_s": wall,
         "client_cpu_s": cpu["host_total"] / 100 * seconds,
         "server_cpu_s": cpu["remote_total"] / 100 * seconds,
         "streams": parallel,
@@ -222,7 +239,7 @@ def gridftp(path, size, parallel, tcp_bs, timeout=3600):
             return float(u) + float(s)
         except (OSError, ValueError):
             return None
-    return {"gbit_per_s": size * 8 / seconds / 1e9, "seconds": seconds, "client_cpu_s": cpu(cli_time),
+    return {"gbit_per_s": size * 8 / seconds / 1e9, "seconds": seconds, "wall_s": seconds, "client_cpu_s": cpu(cli_time),
             "server_cpu_s": cpu(srv_time), "streams": parallel, "tcp_bs": tcp_bs, "emu": emu_summary(report)}
 
 
@@ -331,6 +348,7 @@ def run_paths(a):
         for k, r in runs.items():
             r.update(tool=k, path=name)
             if "error" not in r:
+                r["wall_gbit_per_s"] = size * 8 / r["wall_s"] / 1e9 if r.get("wall_s") else None
                 start = r.get("cp_start_after_emu_s") or 1.0
                 r["ceiling_gbit_per_s"] = mean_ceiling(path, start, start + r["seconds"]) if spec["steps"] else ceiling
                 r["of_ceiling"] = r["gbit_per_s"] / r["ceiling_gbit_per_s"]
@@ -353,6 +371,11 @@ def run_paths(a):
         if w and best_peer:
             summary["wanxfer_vs_best_peer"] = w["gbit_per_s"] / best_peer["gbit_per_s"]
             summary["best_peer"] = best_peer["tool"]
+            walled = [r for r in peers if r.get("wall_gbit_per_s")]
+            if w.get("wall_gbit_per_s") and walled:
+                best_wall = max(walled, key=lambda r: r["wall_gbit_per_s"])
+                summary["wanxfer_vs_best_peer_wall"] = w["wall_gbit_per_s"] / best_wall["wall_gbit_per_s"]
+                summary["best_peer_wall"] = best_wall["tool"]
         if w:
             summary["wanxfer_of_ceiling"] = w["of_ceiling"]
             if spec["steps"]:
@@ -370,22 +393,30 @@ def run_paths(a):
              f"Machine: {meta['machine']}; load {meta['load']}. Transfers are {a.scale:g} x the issue's size "
              f"(20 x BDP; (f): 10 s at each rate)" + (" -- **a smoke run, not the targets' size**" if a.scale < 1 else "")
              + ". Ceiling = rate x 1448/1500 ((f): averaged over the tool's run).", "",
-             "| path | tool | streams | Gbit/s | of ceiling | of best | seconds | client CPU s | server CPU s | emu busy |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "Two clocks. `Gbit/s` and `seconds` are each tool's own figure: iperf3's data phase (its "
+             "connection set-up and result exchange excluded), wanxfer's from its first connect to the "
+             "destination's verified commit (set-up included), GridFTP's whole command. `wall` is every "
+             "tool's whole command, process start to exit, timed alike: the like-for-like figure.", "",
+             "| path | tool | streams | Gbit/s | of ceiling | of best | seconds | wall s | Gbit/s by wall | "
+             "client CPU s | server CPU s | emu busy |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     f3 = lambda v, d=2: "-" if v is None else f"{v:.{d}f}"
     for s in summaries:
         for r in (r for r in rows if r["path"] == s["path"]):
             if "error" in r:
-                lines.append(f"| {s['path']} | {r['tool']} | failed: {r['error'][:80]} | | | | | | | |")
+                lines.append(f"| {s['path']} | {r['tool']} | failed: {r['error'][:80]} | | | | | | | | | |")
                 continue
             lines.append(f"| {s['path']} | {r['tool']} | {r['streams']} | {r['gbit_per_s']:.3f} | {r['of_ceiling']:.2f} | "
-                         f"{r['gbit_per_s'] / s['best_gbit_per_s']:.2f} | {r['seconds']:.1f} | {f3(r['client_cpu_s'])} | "
+                         f"{r['gbit_per_s'] / s['best_gbit_per_s']:.2f} | {r['seconds']:.1f} | {f3(r.get('wall_s'), 1)} | "
+                         f"{f3(r.get('wall_gbit_per_s'), 3)} | {f3(r['client_cpu_s'])} | "
                          f"{f3(r['server_cpu_s'])} | {f3(r['emu']['busy'])} |")
-    lines += ["", "| path | what | bytes | wanxfer / best peer | wanxfer of ceiling | emulator carried (Gbit/s) | emulator-bound |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "| path | what | bytes | wanxfer / best peer (own figures) | wanxfer / best peer (wall) | "
+              "wanxfer of ceiling | emulator carried (Gbit/s) | emulator-bound |",
+              "|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         lines.append(f"| {s['path']} | {s['what']} | {s['bytes']} | {f3(s.get('wanxfer_vs_best_peer'))} "
-                     f"({s.get('best_peer', '-')}) | {f3(s.get('wanxfer_of_ceiling'))} | {f3(s['emu_floor_gbit_per_s'], 3)} | "
+                     f"({s.get('best_peer', '-')}) | {f3(s.get('wanxfer_vs_best_peer_wall'))} ({s.get('best_peer_wall', '-')}) | "
+                     f"{f3(s.get('wanxfer_of_ceiling'))} | {f3(s['emu_floor_gbit_per_s'], 3)} | "
                      f"{'yes: the figures measure the emulator' if s['emu_bound'] else 'no'} |")
     for s in summaries:
         for rc in s.get("recovery", []):
@@ -439,8 +470,13 @@ def main():
             rows.append(r)
             print(json.dumps(r), flush=True)
         best_iperf = max(iperfs, key=lambda r: r["gbit_per_s"])
+        for r in runs.values():
+            r["wall_gbit_per_s"] = size * 8 / r["wall_s"] / 1e9 if r.get("wall_s") else None
+        best_wall = max((r["wall_gbit_per_s"] or 0) for r in iperfs)
         rows.append({"tool": "summary", "rtt_ms": rtt,
                      "tuned_vs_best_iperf3": runs["wanxfer tuned"]["gbit_per_s"] / best_iperf["gbit_per_s"],
+                     "tuned_vs_best_iperf3_wall": (runs["wanxfer tuned"]["wall_gbit_per_s"] or 0) / best_wall
+                     if best_wall else None,
                      "tuned_vs_hand": runs["wanxfer tuned"]["gbit_per_s"] / runs[f"wanxfer {a.hand}"]["gbit_per_s"]})
     meta = {"machine": benchlib.machine(), "load": benchlib.loadavg(), "rate": a.rate,
             "binaries": REL,
@@ -450,15 +486,20 @@ def main():
     lines = [f"# Tuned defaults against iperf3 and hand-tuned flags through wanxfer-emu ({a.rate}, loss {a.loss})", "",
              f"Command: `sudo bench/tuning.py --rate {a.rate} --rtts {a.rtts} --bytes {a.bytes} --loss {a.loss}`", "",
              f"Machine: {meta['machine']}; load {meta['load']}. Ceiling {ceiling:.3f} Gbit/s (rate x 1448/1500).", "",
-             "| RTT ms | tool | streams | Gbit/s | of ceiling | seconds | client CPU s | server CPU s |",
-             "|---|---|---|---|---|---|---|---|"]
+             "`Gbit/s` and `seconds`: each tool's own figure (iperf3's data phase; wanxfer's from its first "
+             "connect, set-up included). `wall`: the whole command for every tool, timed alike.", "",
+             "| RTT ms | tool | streams | Gbit/s | of ceiling | seconds | wall s | Gbit/s by wall | client CPU s | server CPU s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    f3 = lambda v, d=2: "-" if v is None else f"{v:.{d}f}"
     for r in rows:
         if r["tool"] == "summary":
-            lines.append(f"| {r['rtt_ms']:g} | **tuned / best iperf3 {r['tuned_vs_best_iperf3']:.2f}, "
-                         f"tuned / hand {r['tuned_vs_hand']:.2f}** | | | | | | |")
+            lines.append(f"| {r['rtt_ms']:g} | **tuned / best iperf3 {r['tuned_vs_best_iperf3']:.2f} "
+                         f"(by wall {f3(r['tuned_vs_best_iperf3_wall'])}), "
+                         f"tuned / hand {r['tuned_vs_hand']:.2f}** | | | | | | | | |")
             continue
         lines.append(f"| {r['rtt_ms']:g} | {r['tool']} | {r['streams']} | {r['gbit_per_s']:.3f} | {r['ratio']:.2f} | "
-                     f"{r['seconds']:.1f} | {r['client_cpu_s']:.2f} | {r['server_cpu_s']:.2f} |")
+                     f"{r['seconds']:.1f} | {f3(r.get('wall_s'), 1)} | {f3(r.get('wall_gbit_per_s'), 3)} | "
+                     f"{r['client_cpu_s']:.2f} | {r['server_cpu_s']:.2f} |")
     with open(a.out + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
