@@ -186,6 +186,97 @@ fn client_vanishing_mid_push_leaves_the_server_serving_and_the_rerun_resumes() {
     assert!(temp_files(&root).is_empty());
 }
 
+/// A client frozen mid-push leaves a session the server cannot tell from a live one by
+/// its connections (nothing closes them): the same command run again must not wait
+/// for it to time out. The server sees that the old session moves nothing, ends it,
+/// and the rerun resumes at once, in its first attempt.
+#[test]
+fn a_rerun_takes_over_from_a_session_that_moves_nothing() {
+    let site = Site::new();
+    let src = site.large_source();
+    let root = site.server.root.clone();
+    let args = [src.as_os_str(), &site.server.url("large.bin")];
+    let mut frozen = cp_command(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the server's temporary file",
+        Duration::from_secs(60),
+        || any_temp_file(&root),
+    );
+    signal(frozen.id() as i32, "STOP");
+    let rerun = finish_within(
+        cp_command([&["--json".as_ref()][..], &args[..]].concat())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(300),
+    );
+    frozen.kill().unwrap();
+    frozen.wait().unwrap();
+    let json = rerun.assert_ok().json();
+    assert_eq!(json["attempts"], 1, "taken over, not refused: {json}");
+    let sent = json["bytes"].as_u64().unwrap();
+    assert_eq!(
+        sent + json["bytes_skipped"].as_u64().unwrap(),
+        LARGE,
+        "{json}"
+    );
+    assert_eq!(fs::metadata(root.join("large.bin")).unwrap().len(), LARGE);
+    assert!(temp_files(&root).is_empty());
+}
+
+/// Two copies of one command at once (two cron jobs, say) are one transfer to the
+/// server. Before, each new session ended the running one, whose client retried and
+/// ended the other in turn: both resumed each other's work until their retries ran out.
+/// Now the second is turned away while the first moves data, as a busy server turns
+/// clients away; the first is never ended, and the second, retrying, finds the file
+/// in place once the first has finished.
+#[test]
+fn a_second_copy_of_a_running_command_waits_instead_of_ending_it() {
+    let site = Site::new();
+    let src = site.path("data.bin");
+    // About 10 s at the paced rate: the second starts well inside it.
+    write_pattern(&src, 96 << 20, 7);
+    let root = site.server.root.clone();
+    let args = [
+        "--json".as_ref(),
+        "--rate".as_ref(),
+        "80M".as_ref(),
+        src.as_os_str(),
+        &site.server.url("data.bin"),
+    ];
+    let spawn = || {
+        cp_command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let first = spawn();
+    wait_for(
+        "the server's temporary file",
+        Duration::from_secs(60),
+        || any_temp_file(&root),
+    );
+    let second = spawn();
+    let (first, second) = (
+        finish_within(first, Duration::from_secs(300)),
+        finish_within(second, Duration::from_secs(300)),
+    );
+    let (a, b) = (first.assert_ok().json(), second.assert_ok().json());
+    assert_eq!(a["attempts"], 1, "the first was never ended: {a}");
+    assert!(
+        b["attempts"].as_u64().unwrap() >= 2,
+        "the second was turned away while the first moved data: {b}"
+    );
+    assert!(fs::read(root.join("data.bin")).unwrap() == fs::read(&src).unwrap());
+    assert!(temp_files(&root).is_empty());
+}
+
 #[test]
 fn a_rerun_with_no_resume_starts_over_and_leaves_nothing() {
     let site = Site::new();

@@ -26,7 +26,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use wanxfer_proto::handshake::{Authenticated, HandshakeError, ServerHandshake, Side, Step};
@@ -193,15 +193,49 @@ struct Entry {
 
 /// A session's transfer, so that a newer session of the same transfer (the client
 /// retrying after a failure this side has not noticed yet) can end it first.
+#[derive(Clone)]
 struct Running {
     cancel: Cancel,
     done: Arc<(Mutex<bool>, Condvar)>,
+    /// Its counters, once it has agreed its session: whether it still moves anything.
+    moved: Arc<OnceLock<Arc<Progress>>>,
 }
+
+impl Running {
+    /// Everything the session has done so far, as one number that grows while it lives.
+    fn activity(&self) -> u64 {
+        self.moved.get().map_or(0, |p| {
+            [&p.bytes, &p.bytes_skipped, &p.files, &p.failed_files]
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .sum()
+        })
+    }
+
+    /// Waits up to `timeout` for the session to end; true if it did.
+    fn wait_done(&self, timeout: Duration) -> bool {
+        let (lock, ended) = &*self.done;
+        let guard = lock.lock().expect("no panics while held");
+        let (guard, _) = ended
+            .wait_timeout_while(guard, timeout, |d| !*d)
+            .expect("no panics while held");
+        *guard
+    }
+}
+
+/// Transfers run by whom: the same request from another identity is another transfer,
+/// which must not be able to end this one.
+type TransferKey = (String, [u8; 16]);
+
+/// How long a second session of a running transfer waits for the first to end on its
+/// own (a client killed and run again: its old connections' FIN is on the way) or to
+/// show it still moves data (two copies of one command running at once).
+const TAKEOVER_GRACE: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 struct Registry {
     sessions: Mutex<HashMap<[u8; 16], Entry>>,
-    transfers: Mutex<HashMap<[u8; 16], Running>>,
+    transfers: Mutex<HashMap<TransferKey, Running>>,
 }
 
 /// Connections that have not authenticated yet.
@@ -944,41 +978,63 @@ impl Connection {
         }
     }
 
-    /// Ends a running session of the same transfer (the client is retrying after a
-    /// failure this side has not noticed yet) and takes its place.
-    fn claim_transfer(
-        &self,
-        transfer_id: [u8; 16],
-        cancel: &Cancel,
-    ) -> Arc<(Mutex<bool>, Condvar)> {
-        let done = Arc::new((Mutex::new(false), Condvar::new()));
-        let previous = self
-            .shared
-            .registry
-            .transfers
-            .lock()
-            .expect("no panics while held")
-            .insert(
-                transfer_id,
-                Running {
-                    cancel: cancel.clone(),
-                    done: done.clone(),
-                },
-            );
-        if let Some(previous) = previous {
+    /// Takes the place of a running session of the same transfer, or refuses.
+    ///
+    /// A client retrying after a failure this side has not noticed yet (a connection
+    /// half open, a peer gone without a FIN) leaves a session that moves nothing: it is
+    /// ended and replaced, so that the retry resumes at once. A session that still moves
+    /// data is another copy of the same command running at the same time: ending it
+    /// would only make its client retry and end this one in turn, each resuming the
+    /// other's work and neither finishing. The newcomer is refused instead (as a busy
+    /// server refuses, so its client tries again later and then finds what is done).
+    fn claim_transfer(&self, key: TransferKey, ours: &Running) -> Result<(), String> {
+        let ours = ours.clone();
+        let transfers = &self.shared.registry.transfers;
+        let previous = {
+            let mut running = transfers.lock().expect("no panics while held");
+            match running.get(&key) {
+                Some(previous) => previous.clone(),
+                None => {
+                    running.insert(key, ours);
+                    return Ok(());
+                }
+            }
+        };
+        let before = previous.activity();
+        if !previous.wait_done(TAKEOVER_GRACE) {
+            if previous.activity() > before {
+                return Err(format!(
+                    "the same transfer is already running in another session, still moving \
+                     data; this one was not started (retry once that one has ended, and what \
+                     it moved will be skipped), and the other was left alone ({})",
+                    self.peer
+                ));
+            }
             tracing::info!(
-                "{}: a new session of a running transfer: ending the old one first",
-                self.peer
+                "{}: a new session of a running transfer whose old session moved nothing \
+                 for {} s: ending the old one first",
+                self.peer,
+                TAKEOVER_GRACE.as_secs()
             );
             previous.cancel.cancel();
-            let (lock, ended) = &*previous.done;
-            let guard = lock.lock().expect("no panics while held");
-            let _ = ended.wait_timeout_while(guard, Duration::from_secs(30), |d| !*d);
+            previous.wait_done(Duration::from_secs(30));
         }
-        done
+        let mut running = transfers.lock().expect("no panics while held");
+        match running.get(&key) {
+            // Another newcomer took the place while this one waited: it runs.
+            Some(other) if !Arc::ptr_eq(&other.done, &previous.done) => Err(format!(
+                "the same transfer was started again in another session while this one \
+                 waited; this one was not started ({})",
+                self.peer
+            )),
+            _ => {
+                running.insert(key, ours);
+                Ok(())
+            }
+        }
     }
 
-    fn release_transfer(&self, transfer_id: [u8; 16], done: &Arc<(Mutex<bool>, Condvar)>) {
+    fn release_transfer(&self, key: &TransferKey, done: &Arc<(Mutex<bool>, Condvar)>) {
         let mut transfers = self
             .shared
             .registry
@@ -986,10 +1042,10 @@ impl Connection {
             .lock()
             .expect("no panics while held");
         if transfers
-            .get(&transfer_id)
+            .get(key)
             .is_some_and(|r| Arc::ptr_eq(&r.done, done))
         {
-            transfers.remove(&transfer_id);
+            transfers.remove(key);
         }
         drop(transfers);
         let (lock, ended) = &**done;
@@ -1036,8 +1092,20 @@ impl Connection {
         identity: Identity,
         request: OpenSession,
     ) -> Result<(), Error> {
-        let cancel = Cancel::default();
-        let done = self.claim_transfer(request.transfer_id, &cancel);
+        let key = (identity.to_string(), request.transfer_id);
+        let ours = Running {
+            cancel: Cancel::default(),
+            done: Arc::new((Mutex::new(false), Condvar::new())),
+            moved: Arc::new(OnceLock::new()),
+        };
+        match self.claim_transfer(key.clone(), &ours) {
+            Ok(()) => {}
+            Err(why) => {
+                let mut stream = stream;
+                Self::refuse(&mut stream, FailureClass::Limit, &why, &self.peer);
+                return Err(Error::Limit(why));
+            }
+        }
         let kind = match request.direction {
             Direction::Push => SessionKind::Push,
             _ => SessionKind::Pull,
@@ -1046,10 +1114,10 @@ impl Connection {
         let mut info = self.info(kind, paths, &stream, &identity);
         // A bug in one session must not leak its place or its transfer.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.run_session(stream, auth, &identity, &request, cancel, &mut info)
+            self.run_session(stream, auth, &identity, &request, &ours, &mut info)
         }))
         .unwrap_or_else(|_| Err(Error::Internal("a session thread panicked".into())));
-        self.release_transfer(request.transfer_id, &done);
+        self.release_transfer(&key, &ours.done);
         self.observe_end(&info, &result);
         result
     }
@@ -1107,7 +1175,7 @@ impl Connection {
         auth: Authenticated,
         identity: &Identity,
         request: &OpenSession,
-        cancel: Cancel,
+        ours: &Running,
         info: &mut SessionInfo,
     ) -> Result<(), Error> {
         let shared = &self.shared;
@@ -1170,7 +1238,7 @@ impl Connection {
                 return Err(e);
             }
         };
-        let session_cancel = Cancel::linked(&[&cancel, &shared.stopping]);
+        let session_cancel = Cancel::linked(&[&ours.cancel, &shared.stopping]);
         // Registered before the client learns the session's id, so that its data
         // connections, which it opens at once, find it.
         let events = crossbeam_channel::bounded(super::driver::EVENT_QUEUE);
@@ -1243,6 +1311,7 @@ impl Connection {
             info.encryption = "ktls";
         }
         info.progress = Some(progress.clone());
+        let _ = ours.moved.set(progress.clone());
         self.observe_start(info);
         let started = Instant::now();
         let meter = Arc::new(CpuMeter::default());
