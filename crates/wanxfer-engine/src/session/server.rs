@@ -1365,7 +1365,9 @@ impl Connection {
             opener: None,
             round_trips: None,
             stats: Some(Box::new(move |outcome: &Outcome, progress: &Progress| {
-                let cpu = stats_meter.total();
+                // Links and workers still running count too: at `Finish` the links have
+                // not ended yet, and they did the decryption and the socket work.
+                let cpu = stats_meter.so_far();
                 let io = match &stats_sink {
                     Some(sink) => sink.io_use(),
                     None => outcome.io.clone(),
