@@ -172,6 +172,7 @@ def iperf3(path, size, parallel, timeout=3600):
     right = "iperf3 -s -1 >/dev/null 2>&1"
     left = timed(f"iperf3 -c {RIGHT} -J -P {parallel} -n {size}")
     out, report, err = run_path(path, right, left, timeout)
+    started = [float(line.split()[1]) for line in out.splitlines() if line.startswith("WALL ")]
     wall, out = wall_of(out)
     try:
         r = json.loads(out)
@@ -180,10 +181,17 @@ def iperf3(path, size, parallel, timeout=3600):
         cpu = end["cpu_utilization_percent"]
     except (ValueError, KeyError) as e:
         raise benchlib.ToolError(f"iperf3 -P {parallel}: {e}: {out[-300:]} {err[-300:]}")
+    # Its 1 s intervals on the emulator's clock, as wanxfer's progress lines are: from
+    # the command's start, so (as for wanxfer) an upper bound by its set-up.
+    t0 = report["_started_unix_s"]
+    offset = started[0] - t0 if started else 0.0
+    progress = [{"t_s": offset + i["sum"]["end"], "bits_per_s": i["sum"]["bits_per_second"]}
+                for i in r.get("intervals", [])]
     return {
         "gbit_per_s": end["sum_received"]["bits_per_second"] / 1e9,
         "seconds": seconds,
         "wall_s": wall,
+        "progress": progress,
         "client_cpu_s": cpu["host_total"] / 100 * seconds,
         "server_cpu_s": cpu["remote_total"] / 100 * seconds,
         "streams": parallel,
@@ -380,6 +388,11 @@ def run_paths(a):
             summary["wanxfer_of_ceiling"] = w["of_ceiling"]
             if spec["steps"]:
                 summary["recovery"] = recovery(path, w["progress"])
+                # The same measure of iperf3 with one stream: how fast the kernel's
+                # congestion control alone gets there, the floor for any tool on it.
+                i1 = ok.get("iperf3-P1")
+                if i1 and i1.get("progress"):
+                    summary["recovery_iperf3_p1"] = recovery(path, i1["progress"])
                 summary["cp_start_after_emu_s"] = w["cp_start_after_emu_s"]
                 summary["progress"] = w["progress"]
         summaries.append(summary)
@@ -419,6 +432,11 @@ def run_paths(a):
                      f"{f3(s.get('wanxfer_of_ceiling'))} | {f3(s['emu_floor_gbit_per_s'], 3)} | "
                      f"{'yes: the figures measure the emulator' if s['emu_bound'] else 'no'} |")
     for s in summaries:
+        for rc in s.get("recovery_iperf3_p1", []):
+            lines.append("")
+            lines.append(f"Path {s['path']}, rate change at {rc['at_s']:g} s, iperf3 -P1 for comparison (the same "
+                         f"congestion control with no tuner): within 10% after {f3(rc['seconds_to_within'], 1)} s, "
+                         f"staying within it in {f3(rc['share_within_after'])} of the {rc['lines_after']} lines after.")
         for rc in s.get("recovery", []):
             lines.append("")
             lines.append(f"Path {s['path']}, rate change at {rc['at_s']:g} s to {rc['to_gbit_per_s']:g} Gbit/s: wanxfer within 10% "
