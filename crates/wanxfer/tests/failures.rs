@@ -47,6 +47,19 @@ fn any_temp_file(dir: &Path) -> bool {
     !temp_files(dir).is_empty()
 }
 
+/// A resumed run of the large file into `dir`: what was held plus what was sent is the
+/// file (nothing twice, nothing missed), it is whole under its name, and nothing is left.
+fn assert_resumed_whole(json: &serde_json::Value, dir: &Path) {
+    let sent = json["bytes"].as_u64().unwrap();
+    assert_eq!(
+        sent + json["bytes_skipped"].as_u64().unwrap(),
+        LARGE,
+        "{json}"
+    );
+    assert_eq!(fs::metadata(dir.join("large.bin")).unwrap().len(), LARGE);
+    assert!(temp_files(dir).is_empty());
+}
+
 #[test]
 fn server_vanishing_mid_push_is_a_network_error_and_leaves_no_final_name() {
     let mut site = Site::new();
@@ -118,18 +131,7 @@ fn server_vanishing_mid_pull_is_a_network_error_and_the_rerun_resumes() {
     let json = cp([&["--json".as_ref()][..], &args[..]].concat())
         .assert_ok()
         .json();
-    // What was held plus what was sent is the file: nothing twice, nothing missed.
-    let sent = json["bytes"].as_u64().unwrap();
-    assert_eq!(
-        sent + json["bytes_skipped"].as_u64().unwrap(),
-        LARGE,
-        "{json}"
-    );
-    assert_eq!(
-        fs::metadata(dest_dir.join("large.bin")).unwrap().len(),
-        LARGE
-    );
-    assert!(temp_files(&dest_dir).is_empty());
+    assert_resumed_whole(&json, &dest_dir);
 }
 
 #[test]
@@ -175,15 +177,7 @@ fn client_vanishing_mid_push_leaves_the_server_serving_and_the_rerun_resumes() {
     ])
     .assert_ok()
     .json();
-    // What was held plus what was sent is the file: nothing twice, nothing missed.
-    let sent = json["bytes"].as_u64().unwrap();
-    assert_eq!(
-        sent + json["bytes_skipped"].as_u64().unwrap(),
-        LARGE,
-        "{json}"
-    );
-    assert_eq!(fs::metadata(root.join("large.bin")).unwrap().len(), LARGE);
-    assert!(temp_files(&root).is_empty());
+    assert_resumed_whole(&json, &root);
 }
 
 /// A client frozen mid-push leaves a session the server cannot tell from a live one by
@@ -219,14 +213,7 @@ fn a_rerun_takes_over_from_a_session_that_moves_nothing() {
     frozen.wait().unwrap();
     let json = rerun.assert_ok().json();
     assert_eq!(json["attempts"], 1, "taken over, not refused: {json}");
-    let sent = json["bytes"].as_u64().unwrap();
-    assert_eq!(
-        sent + json["bytes_skipped"].as_u64().unwrap(),
-        LARGE,
-        "{json}"
-    );
-    assert_eq!(fs::metadata(root.join("large.bin")).unwrap().len(), LARGE);
-    assert!(temp_files(&root).is_empty());
+    assert_resumed_whole(&json, &root);
 }
 
 /// Two copies of one command at once (two cron jobs, say) are one transfer to the
