@@ -383,7 +383,7 @@ impl Copy<'_> {
             .on(TRANSFER, None)
         })??;
         let grant = dest
-            .grant(&to.path, wanxfer_proto::tpc::MAX_GRANT_TTL_S)
+            .grant(&to.path, wanxfer_proto::tpc::MAX_GRANT_TTL_S, 0)
             .map_err(transfer)?;
         let desc = format!(
             "{} => {}",
@@ -410,6 +410,8 @@ impl Copy<'_> {
             // gfal2 decides about an existing destination itself (overwrite): send it.
             compare: wanxfer_proto::Compare::Always,
             flags: 0,
+            // gfal2's copy parameters name no owners or attributes to keep.
+            preserve: 0,
         };
         let progress = Progress::default();
         let started = Instant::now();

@@ -101,6 +101,13 @@ pub mod features {
     /// server that shares the bit sends it about once a second.
     pub const SESSION_STATUS: u64 = 1 << 11;
 
+    /// A third-party copy may keep metadata: a [`crate::tpc::Grant`] and a
+    /// [`crate::tpc::PushTo`] may carry `PRESERVE_*` session flags, and a
+    /// [`crate::tpc::TransferSummary`] the destination's notes about what it could not
+    /// keep. Apart from [`PRESERVE`] because a server with that bit but not this one
+    /// reads those messages without the new fields and refuses them as trailing bytes.
+    pub const THIRD_PARTY_PRESERVE: u64 = 1 << 12;
+
     /// What this build implements.
     pub const SUPPORTED: u64 = BLOCK_CRC32C
         | FILE_XXH3_128
@@ -110,7 +117,8 @@ pub mod features {
         | THIRD_PARTY
         | SELECT
         | PRESERVE
-        | SESSION_STATUS;
+        | SESSION_STATUS
+        | THIRD_PARTY_PRESERVE;
 
     /// The features a session between these two sides uses.
     pub const fn negotiate(ours: u64, theirs: u64) -> u64 {

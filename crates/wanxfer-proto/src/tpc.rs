@@ -17,13 +17,20 @@
 //! Both requests ride the remote operations' connection (frame kinds 40 and 41) and are
 //! only sent to a server that offered [`crate::features::THIRD_PARTY`].
 //!
+//! `cp --preserve` between two servers: the client asks B for a grant that names the
+//! `PRESERVE_*` session flags the push may carry, and tells A the same flags, so that a
+//! grant made for a plain copy cannot be used to set owners or attributes. Those fields,
+//! and the destination's notes in the summary, are written only when there is something
+//! in them (so a plain copy's messages are what they were before), and asked of a server
+//! only if it offered [`crate::features::THIRD_PARTY_PRESERVE`].
+//!
 //! What this module does not do: decide how long a grant lives or what it may name (the
 //! server's grant table does); here every field is only checked to be well formed and
 //! bounded.
 
 use crate::codec::{Decoder, Encoder};
 use crate::message::{decode_class, decode_path, encode_class, FailureClass, MAX_MESSAGE_BYTES};
-use crate::{Compare, DecodeError, RelPath};
+use crate::{session_flags, Compare, DecodeError, RelPath};
 
 /// Longest `HOST:PORT` a [`PushTo`] may name: a DNS name (253) in brackets, a colon and
 /// five digits.
@@ -34,6 +41,9 @@ pub const MAX_PUSH_SOURCES: usize = 1024;
 pub const MAX_REPORTED_FAILURES: usize = 64;
 /// Longest text a summary carries for the encryption in use.
 pub const MAX_ENCRYPTION_NAME_BYTES: usize = 64;
+/// Most notes (what the destination could not keep, once per kind) a summary carries:
+/// as many as one session keeps.
+pub const MAX_REPORTED_NOTES: usize = 32;
 /// Longest life a client may ask for a grant: a grant is a credential, so it should not
 /// outlive the start of the copy it was made for by much.
 pub const MAX_GRANT_TTL_S: u32 = 600;
@@ -55,6 +65,8 @@ pub struct Grant {
     pub path: RelPath,
     /// Seconds, 1 to [`MAX_GRANT_TTL_S`]; the server may shorten it.
     pub ttl_s: u32,
+    /// The `PRESERVE_*` [`session_flags`] the push may ask (0: a plain copy).
+    pub preserve: u32,
 }
 
 /// A grant as the destination made it.
@@ -93,6 +105,8 @@ pub struct PushTo {
     pub compare: Compare,
     /// [`push_flags`].
     pub flags: u32,
+    /// The `PRESERVE_*` [`session_flags`] to ask of the destination, as the grant allows.
+    pub preserve: u32,
 }
 
 impl std::fmt::Debug for PushTo {
@@ -142,11 +156,39 @@ pub struct TransferSummary {
     pub failures: Vec<(FailureClass, Vec<u8>)>,
     /// Why the transfer as a whole failed, if it did.
     pub error: Option<(FailureClass, Vec<u8>)>,
+    /// What the destination could not keep of what `--preserve` asked, once per kind (at
+    /// most [`MAX_REPORTED_NOTES`]).
+    pub notes: Vec<Vec<u8>>,
 }
 
 pub(crate) fn encode_grant(g: &Grant, e: &mut Encoder) {
     e.bytes(g.path.as_bytes());
     e.u32(g.ttl_s);
+    encode_preserve(g.preserve, e);
+}
+
+/// Preserve flags are written only when there are any: a plain copy's requests stay
+/// what they were before the field existed, and have one encoding.
+fn encode_preserve(preserve: u32, e: &mut Encoder) {
+    if preserve != 0 {
+        e.u32(preserve);
+    }
+}
+
+fn decode_preserve(d: &mut Decoder) -> Result<u32, DecodeError> {
+    if d.remaining() == 0 {
+        return Ok(0);
+    }
+    match d.u32()? {
+        0 => Err(DecodeError::Invalid(
+            "preserve flags are left out, not written as 0",
+        )),
+        flags if flags & !session_flags::PRESERVE_ALL != 0 => Err(DecodeError::Unknown {
+            what: "preserve flags",
+            value: flags.into(),
+        }),
+        flags => Ok(flags),
+    }
 }
 
 pub(crate) fn decode_grant(d: &mut Decoder) -> Result<Grant, DecodeError> {
@@ -155,7 +197,12 @@ pub(crate) fn decode_grant(d: &mut Decoder) -> Result<Grant, DecodeError> {
     if ttl_s == 0 || ttl_s > MAX_GRANT_TTL_S {
         return Err(DecodeError::Invalid("a grant lives 1 to 600 seconds"));
     }
-    Ok(Grant { path, ttl_s })
+    let preserve = decode_preserve(d)?;
+    Ok(Grant {
+        path,
+        ttl_s,
+        preserve,
+    })
 }
 
 pub(crate) fn encode_granted(g: &Granted, e: &mut Encoder) {
@@ -211,6 +258,7 @@ pub(crate) fn encode_push(p: &PushTo, e: &mut Encoder) {
     e.u16(p.depth);
     e.u8(encode_compare(p.compare));
     e.u32(p.flags);
+    encode_preserve(p.preserve, e);
 }
 
 pub(crate) fn decode_push(d: &mut Decoder) -> Result<PushTo, DecodeError> {
@@ -251,6 +299,7 @@ pub(crate) fn decode_push(d: &mut Decoder) -> Result<PushTo, DecodeError> {
         depth: d.u16()?,
         compare: decode_compare(d.u8()?)?,
         flags: d.u32()?,
+        preserve: decode_preserve(d)?,
     };
     if push.flags & !push_flags::ALL != 0 {
         return Err(DecodeError::Unknown {
@@ -323,6 +372,11 @@ pub(crate) fn encode_summary(s: &TransferSummary, e: &mut Encoder) {
             e.bytes(message);
         }
     }
+    // As the preserve flags: only when there are any.
+    if !s.notes.is_empty() {
+        e.u32(s.notes.len() as u32);
+        s.notes.iter().for_each(|n| e.bytes(n));
+    }
 }
 
 pub(crate) fn decode_summary(d: &mut Decoder) -> Result<TransferSummary, DecodeError> {
@@ -347,6 +401,7 @@ pub(crate) fn decode_summary(d: &mut Decoder) -> Result<TransferSummary, DecodeE
             .to_vec(),
         failures: Vec::new(),
         error: None,
+        notes: Vec::new(),
     };
     let n = d.count("reported failures", MAX_REPORTED_FAILURES, 5)?;
     for _ in 0..n {
@@ -372,6 +427,17 @@ pub(crate) fn decode_summary(d: &mut Decoder) -> Result<TransferSummary, DecodeE
             })
         }
     };
+    if d.remaining() > 0 {
+        let n = d.count("notes", MAX_REPORTED_NOTES, 4)?;
+        if n == 0 {
+            return Err(DecodeError::Invalid(
+                "notes are left out, not written as none",
+            ));
+        }
+        for _ in 0..n {
+            s.notes.push(d.bytes("note", MAX_MESSAGE_BYTES)?.to_vec());
+        }
+    }
     Ok(s)
 }
 
@@ -402,6 +468,7 @@ mod tests {
             depth: 4,
             compare: Compare::Checksum,
             flags: push_flags::NO_RESUME,
+            preserve: 0,
         }
     }
 
@@ -422,6 +489,7 @@ mod tests {
         round_trip(Message::OpRequest(OpRequest::Grant(Grant {
             path: rel("x/y"),
             ttl_s: 600,
+            preserve: 0,
         })));
         round_trip(Message::OpRequest(OpRequest::PushTo(push())));
         round_trip(Message::OpReply(OpReply::Granted(push().grant)));
@@ -454,6 +522,7 @@ mod tests {
             refused(Message::OpRequest(OpRequest::Grant(Grant {
                 path: rel("x"),
                 ttl_s: MAX_GRANT_TTL_S + 1,
+                preserve: 0,
             }))),
             DecodeError::Invalid(_)
         ));
@@ -483,6 +552,75 @@ mod tests {
         assert!(matches!(
             refused(Message::OpReply(OpReply::TransferDone(lying))),
             DecodeError::Invalid(_)
+        ));
+    }
+
+    fn encoded(msg: &Message) -> Vec<u8> {
+        let mut buf = Vec::new();
+        encode_frame(msg, &mut buf);
+        buf
+    }
+
+    /// `cp --preserve` between two servers: the flags travel in the grant and the push,
+    /// the destination's notes in the summary; without them the frames are byte for
+    /// byte what a server without [`crate::features::THIRD_PARTY_PRESERVE`] reads.
+    #[test]
+    fn preserve_flags_and_notes_round_trip_and_are_absent_from_plain_copies() {
+        let keep = session_flags::PRESERVE_OWNER | session_flags::PRESERVE_SPARSE;
+        let grant = |preserve| Grant {
+            path: rel("x"),
+            ttl_s: 60,
+            preserve,
+        };
+        round_trip(Message::OpRequest(OpRequest::Grant(grant(keep))));
+        let plain = encoded(&Message::OpRequest(OpRequest::Grant(grant(0))));
+        let keeping = encoded(&Message::OpRequest(OpRequest::Grant(grant(keep))));
+        assert_eq!(keeping.len(), plain.len() + 4);
+        let mut p = push();
+        p.preserve = session_flags::PRESERVE_ALL;
+        round_trip(Message::OpRequest(OpRequest::PushTo(p.clone())));
+        let plain = encoded(&Message::OpRequest(OpRequest::PushTo(push())));
+        let keeping = encoded(&Message::OpRequest(OpRequest::PushTo(p)));
+        assert_eq!(keeping.len(), plain.len() + 4);
+        let noted = TransferSummary {
+            notes: vec![b"owner and group not kept".to_vec(), b"x".to_vec()],
+            ..TransferSummary::default()
+        };
+        round_trip(Message::OpReply(OpReply::TransferDone(noted)));
+    }
+
+    #[test]
+    fn preserve_flags_out_of_range_are_refused() {
+        let mut p = push();
+        p.preserve = session_flags::DISCARD;
+        assert!(matches!(
+            refused(Message::OpRequest(OpRequest::PushTo(p))),
+            DecodeError::Unknown { .. }
+        ));
+        let grant = Grant {
+            path: rel("x"),
+            ttl_s: 60,
+            preserve: session_flags::PRESERVE_XATTRS | 1 << 31,
+        };
+        assert!(matches!(
+            refused(Message::OpRequest(OpRequest::Grant(grant))),
+            DecodeError::Unknown { .. }
+        ));
+        // A zero written out (a request has one encoding), and too many notes.
+        let frame = encoded(&Message::OpRequest(OpRequest::PushTo(push())));
+        let mut body = frame[crate::FrameHeader::LEN..].to_vec();
+        body.extend_from_slice(&[0; 4]);
+        assert!(matches!(
+            Message::decode(frame[0], &body),
+            Err(DecodeError::Invalid(_))
+        ));
+        let many = TransferSummary {
+            notes: vec![b"n".to_vec(); MAX_REPORTED_NOTES + 1],
+            ..TransferSummary::default()
+        };
+        assert!(matches!(
+            refused(Message::OpReply(OpReply::TransferDone(many))),
+            DecodeError::TooLong { .. }
         ));
     }
 

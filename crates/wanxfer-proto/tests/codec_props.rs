@@ -169,8 +169,18 @@ fn op_request() -> impl Strategy<Value = OpRequest> {
         (rel_path(), rel_path()).prop_map(|(from, to)| OpRequest::Rename { from, to }),
         (rel_path(), algorithm())
             .prop_map(|(path, algorithm)| OpRequest::Checksum { path, algorithm }),
-        (rel_path(), 1u32..=wanxfer_proto::tpc::MAX_GRANT_TTL_S)
-            .prop_map(|(path, ttl_s)| OpRequest::Grant(wanxfer_proto::tpc::Grant { path, ttl_s })),
+        (
+            rel_path(),
+            1u32..=wanxfer_proto::tpc::MAX_GRANT_TTL_S,
+            any::<u32>().prop_map(|f| f & wanxfer_proto::session_flags::PRESERVE_ALL)
+        )
+            .prop_map(|(path, ttl_s, preserve)| OpRequest::Grant(
+                wanxfer_proto::tpc::Grant {
+                    path,
+                    ttl_s,
+                    preserve
+                }
+            )),
     ]
 }
 

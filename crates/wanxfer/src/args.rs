@@ -835,7 +835,8 @@ pub struct Request {
 
 /// A validated copy between two servers.
 pub struct ThirdPartyRequest {
-    /// How to reach each server, with its own credential.
+    /// How to reach each server, with its own credential (and, in both, what
+    /// --preserve asks to keep).
     pub source: ClientConfig,
     pub dest: ClientConfig,
     pub sources: Vec<RelPath>,
@@ -983,13 +984,6 @@ impl CpArgs {
                     .into(),
             ));
         }
-        if self.archive || !self.preserve.is_empty() {
-            return Err(Error::Usage(
-                "--preserve and -a are not (yet) supported between two servers: copy \
-                 through this host, or run the copy on one of them"
-                    .into(),
-            ));
-        }
         if self.transport.transport() != wanxfer_engine::session::Transport::Tcp {
             return Err(Error::Usage(
                 "a copy between two servers runs over TCP: the servers choose no fabric".into(),
@@ -1055,6 +1049,7 @@ impl CpArgs {
                 config.state_dir = dir.clone();
             }
             config.security = self.security.security(self.quiet);
+            config.preserve = self.preserve();
             config
         };
         Ok(Some(ThirdPartyRequest {

@@ -8,6 +8,10 @@
 //! summary becomes the same report and `--json` as a normal `cp`, plus what this client
 //! moved itself, as the kernel counted it on its two connections.
 //!
+//! `--preserve` and `-a` travel in both requests: the grant names them, so the source
+//! can ask the destination for no more than this client did, and what the destination
+//! could not keep comes back in the summary as the notes a push would show.
+//!
 //! What this does not do: retry. The source retries its own connection to the
 //! destination and resumes; if this client's connection to the source fails, the source
 //! stops, and running the same command again resumes the same transfer with a new grant.
@@ -44,7 +48,11 @@ pub fn run(
         )));
     };
     let fingerprint = fingerprint.map_err(early)?;
-    let grant = dest.grant(&req.dest_path, MAX_GRANT_TTL_S).map_err(early)?;
+    // The grant names what the push may keep, so that the source cannot use it for more.
+    let preserve = req.source.preserve.flags();
+    let grant = dest
+        .grant(&req.dest_path, MAX_GRANT_TTL_S, preserve)
+        .map_err(early)?;
     let tuning = &req.source.tuning;
     let mut flags = 0;
     if !tuning.resume {
@@ -68,6 +76,7 @@ pub fn run(
         depth: tuning.depth,
         compare: tuning.compare,
         flags,
+        preserve,
     };
     let summary = source.push_to(push, |p| {
         if cancel.is_cancelled() {
@@ -95,6 +104,11 @@ pub fn run(
     }
     let cpu_after = process_cpu();
     let mut report = report(&summary, req);
+    report.notes = summary
+        .notes
+        .iter()
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .collect();
     report.seconds = started.elapsed().as_secs_f64();
     report.cpu = CpuTime {
         user_us: cpu_after.user_us - cpu_before.user_us,

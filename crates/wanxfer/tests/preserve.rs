@@ -1,6 +1,7 @@
 //! `cp --preserve` and `-a` end to end over loopback (issue 20, item 3): owners and
 //! groups, `user.*` attributes and POSIX ACLs kept on the destination, pushed (the
-//! server keeps them) and pulled (the client does); nothing extra kept without the flag;
+//! server keeps them), pulled (the client does) and between two servers (the source
+//! server reads them, the destination keeps them); nothing extra kept without the flag;
 //! a destination that does not run as root lands the files and says, once, that owners
 //! were not kept. Owners other than the test's own need root: as another user these
 //! tests skip.
@@ -386,11 +387,132 @@ fn a_destination_not_running_as_root_keeps_the_rest_and_notes_owners_once() {
     );
 }
 
+/// What a copy between two servers is given to keep, at `at`: [`make_sparse`]'s files in
+/// `sparse/`, a file with `user.*` attributes, and as root [`make_tree`] in `owned/`.
+/// `false` (skipped, with a note) where the file system keeps no holes or attributes.
+fn make_tpc_tree(at: &Path) -> bool {
+    fs::create_dir_all(at).unwrap();
+    if !make_sparse(&at.join("sparse")) || !attributes_work(at) {
+        return false;
+    }
+    let tagged = at.join("tagged.bin");
+    write_pattern(&tagged, 3 << 20, 5);
+    set_xattr(&tagged, "user.run", b"2026-11-24");
+    set_xattr(&tagged, "user.checksum.adler32", b"0a1b2c3d");
+    if is_root() {
+        make_tree(&at.join("owned"));
+    }
+    true
+}
+
+/// The client's own connections carried requests, progress and the summary: a few
+/// kilobytes, while megabytes went from one server to the other.
+#[track_caller]
+fn assert_client_moved_no_data(run: &Run) {
+    let v = run.json();
+    let t = &v["third_party"];
+    let (sent, received) = (
+        t["client_tcp_bytes_sent"].as_u64().unwrap(),
+        t["client_tcp_bytes_received"].as_u64().unwrap(),
+    );
+    assert!(sent > 0 && received > 0, "the counters count: {t}");
+    assert!(sent + received < 64 << 10, "{run:#?}");
+    assert!(v["bytes"].as_u64().unwrap() > 3 << 20, "{run:#?}");
+}
+
+/// `cp -a wanxfer://A/x wanxfer://B/y` (issue 20, items 2 and 3): the source server reads
+/// the metadata and the data ranges, the destination keeps them as in a push, and the
+/// client moves none of the data.
 #[test]
-fn preserve_between_two_servers_is_refused_with_a_reason() {
-    let run = cp(["-a", "wanxfer://127.0.0.1:1/x", "wanxfer://127.0.0.1:2/y"]);
-    run.assert_code(2)
-        .assert_stderr_mentions("--preserve and -a are not (yet) supported between two servers");
+fn preserve_between_two_servers_keeps_it_all_and_the_client_moves_no_data() {
+    let dest = Site::with_serve_flags(&["--accept-owners"]);
+    let source_root = dest.path("a");
+    if !make_tpc_tree(&source_root.join("data")) {
+        return;
+    }
+    let source = Server::start(&source_root, &[]);
+    let run = cp(args(
+        &["-a", "--json", "--block-size", "1MiB"],
+        source.url("data"),
+        dest.server.url("copy"),
+    ));
+    run.assert_ok();
+    assert_client_moved_no_data(&run);
+    let (src, copy) = (source_root.join("data"), dest.root().join("copy"));
+    assert_same_tree(&src, &copy, false);
+    assert_eq!(
+        user_xattrs(&copy.join("tagged.bin")),
+        ["user.checksum.adler32", "user.run"]
+    );
+    assert_eq!(
+        xattr(&copy.join("tagged.bin"), "user.run").as_deref(),
+        Some(&b"2026-11-24"[..])
+    );
+    assert!(
+        allocated(&copy.join("sparse/sparse.img")) < 1 << 20,
+        "{run:#?}"
+    );
+    assert_eq!(allocated(&copy.join("sparse/hole.img")), 0);
+    // Only the data ranges travelled: no 64 MiB of zeros.
+    assert!(run.json()["bytes"].as_u64().unwrap() < 32 << 20, "{run:#?}");
+    if is_root() {
+        assert_kept(&copy.join("owned"));
+    } else {
+        eprintln!("owners not checked: files owned by others need root");
+    }
+
+    // Without --preserve the same servers keep none of it.
+    let run = cp(args(
+        &["--json", "--block-size", "1MiB"],
+        source.url("data"),
+        dest.server.url("plain"),
+    ));
+    run.assert_ok();
+    assert_client_moved_no_data(&run);
+    let plain = dest.root().join("plain");
+    assert_same_tree(&src, &plain, false);
+    assert!(user_xattrs(&plain.join("tagged.bin")).is_empty());
+    assert!(allocated(&plain.join("sparse/sparse.img")) >= SPARSE_SIZE);
+    if is_root() {
+        assert_not_kept(&plain.join("owned"), 0);
+    }
+}
+
+/// A destination that keeps no owners (not root, or root without --accept-owners) lands
+/// the rest and says so once, through the source to the client, as it does to a pushing
+/// client.
+#[test]
+fn preserve_between_two_servers_notes_owners_the_destination_does_not_keep() {
+    let dest = Site::new();
+    let source_root = dest.path("a");
+    if !make_tpc_tree(&source_root.join("data")) {
+        return;
+    }
+    let source = Server::start(&source_root, &[]);
+    let run = cp_with_notes(args(&["-a"], source.url("data"), dest.server.url("copy")));
+    run.assert_ok();
+    let expected = if is_root() {
+        NOT_ACCEPTED
+    } else {
+        "owner and group not kept: the server does not run as root"
+    };
+    assert_eq!(run.stderr.matches(expected).count(), 1, "{run:#?}");
+    assert_eq!(
+        run.stderr.matches("owner and group not kept").count(),
+        1,
+        "{run:#?}"
+    );
+    let copy = dest.root().join("copy");
+    assert_same_tree(&source_root.join("data"), &copy, false);
+    assert_eq!(
+        user_xattrs(&copy.join("tagged.bin")),
+        ["user.checksum.adler32", "user.run"]
+    );
+    assert!(allocated(&copy.join("sparse/sparse.img")) < 1 << 20);
+    if is_root() {
+        let inner = fs::metadata(copy.join("owned/dir/inner.bin")).unwrap();
+        assert_eq!((inner.uid(), inner.gid()), (0, 0));
+    }
 }
 
 #[test]

@@ -15,7 +15,7 @@ use common::*;
 use wanxfer_engine::ops::Client;
 use wanxfer_engine::session::{ClientConfig, Tuning};
 use wanxfer_proto::tpc::{PushTo, TransferSummary};
-use wanxfer_proto::{Compare, FailureClass, RelPath};
+use wanxfer_proto::{session_flags, Compare, FailureClass, RelPath};
 
 const USAGE: i32 = 2;
 const AUTH: i32 = 3;
@@ -224,6 +224,7 @@ fn push(source: &str, dest_addr: &str, dest: &str, grant: wanxfer_proto::tpc::Gr
         depth: 2,
         compare: Compare::QuickCheck,
         flags: 0,
+        preserve: 0,
     }
 }
 
@@ -242,7 +243,7 @@ fn a_grant_allows_one_transfer_into_its_path_and_nothing_else() {
     let mut source = Client::connect(&config(&a.server.addr)).unwrap();
     let mut dest = Client::connect(&config(&b.server.addr)).unwrap();
     let pinned = fingerprint_of(&dest);
-    let grant = dest.grant(&rel("copy"), 60).unwrap();
+    let grant = dest.grant(&rel("copy"), 60, 0).unwrap();
 
     // Whoever holds a grant may push with it, nothing else: not run operations.
     let mut holder = config(&b.server.addr);
@@ -291,6 +292,45 @@ fn a_grant_allows_one_transfer_into_its_path_and_nothing_else() {
     );
 }
 
+/// A grant names what the push may keep (`cp --preserve` between two servers): the
+/// source that holds a grant made for a plain copy cannot use it to set owners or
+/// attributes on the destination, and the refusal leaves the grant usable for the copy
+/// it was made for.
+#[test]
+fn a_grant_for_a_plain_copy_does_not_allow_preserving() {
+    let (a, b) = two_sites();
+    mixed_tree(&a.root().join("tree"));
+    let mut source = Client::connect(&config(&a.server.addr)).unwrap();
+    let mut dest = Client::connect(&config(&b.server.addr)).unwrap();
+    let grant = dest.grant(&rel("copy"), 60, 0).unwrap();
+    let mut keeping = push("tree", &b.server.addr, "copy", grant.clone());
+    keeping.fingerprint = fingerprint_of(&dest);
+    keeping.preserve = session_flags::PRESERVE_OWNER | session_flags::PRESERVE_XATTRS;
+    let summary = source.push_to(keeping.clone(), |_| Ok(())).unwrap();
+    assert_refused(
+        &summary,
+        FailureClass::Refused,
+        "the grant was made for a copy that keeps nothing, not owner,xattrs",
+    );
+    assert!(!b.root().join("copy").exists());
+
+    // A grant for attributes does not stretch to owners either.
+    let grant = dest
+        .grant(&rel("copy"), 60, session_flags::PRESERVE_XATTRS)
+        .unwrap();
+    keeping.grant = grant.clone();
+    let summary = source.push_to(keeping.clone(), |_| Ok(())).unwrap();
+    assert_refused(
+        &summary,
+        FailureClass::Refused,
+        "keeps xattrs, not owner,xattrs",
+    );
+    keeping.preserve = session_flags::PRESERVE_XATTRS;
+    let summary = source.push_to(keeping, |_| Ok(())).unwrap();
+    assert_eq!(summary.error, None);
+    assert_same_tree(&a.root().join("tree"), &b.root().join("copy"), false);
+}
+
 /// A source that cannot reach the destination says so as a network failure (the client
 /// exits 4 and a scheduler retries), not as a refusal.
 #[test]
@@ -299,7 +339,7 @@ fn a_destination_the_source_cannot_reach_is_a_network_failure() {
     mixed_tree(&a.root().join("tree"));
     let mut source = Client::connect(&config(&a.server.addr)).unwrap();
     let mut dest = Client::connect(&config(&b.server.addr)).unwrap();
-    let grant = dest.grant(&rel("far"), 60).unwrap();
+    let grant = dest.grant(&rel("far"), 60, 0).unwrap();
     // A port nobody listens on any more.
     let gone = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -327,7 +367,7 @@ fn an_expired_grant_is_refused() {
     mixed_tree(&a.root().join("tree"));
     let mut source = Client::connect(&config(&a.server.addr)).unwrap();
     let mut dest = Client::connect(&config(&b.server.addr)).unwrap();
-    let grant = dest.grant(&rel("late"), 1).unwrap();
+    let grant = dest.grant(&rel("late"), 1, 0).unwrap();
     assert_eq!(grant.ttl_s, 1);
     // Past its life (not a timing assertion: any delay beyond a second will do).
     std::thread::sleep(Duration::from_millis(1500));
@@ -346,8 +386,8 @@ fn an_expired_grant_is_refused() {
 fn a_grant_for_a_reserved_name_is_refused() {
     let b = Site::new();
     let mut dest = Client::connect(&config(&b.server.addr)).unwrap();
-    let err = dest.grant(&rel(".wanxfer-state"), 60).unwrap_err();
+    let err = dest.grant(&rel(".wanxfer-state"), 60, 0).unwrap_err();
     assert!(err.to_string().contains("the server's own"), "{err}");
     // The connection stays usable after a refusal.
-    dest.grant(&rel("ok"), 60).unwrap();
+    dest.grant(&rel("ok"), 60, 0).unwrap();
 }

@@ -62,13 +62,15 @@ impl Client {
         crate::session::conn::tcp_bytes(self.stream.tcp())
     }
 
-    /// Third-party copy, at the destination: a grant for one push into `path`, usable to
+    /// Third-party copy, at the destination: a grant for one push into `path` that may
+    /// keep what `preserve` (`PRESERVE_*` session flags, 0 for none) names, usable to
     /// start it for `ttl_s` seconds (the server may shorten it).
-    pub fn grant(&mut self, path: &RelPath, ttl_s: u32) -> Result<Granted, Error> {
-        self.third_party()?;
+    pub fn grant(&mut self, path: &RelPath, ttl_s: u32, preserve: u32) -> Result<Granted, Error> {
+        self.third_party(preserve)?;
         self.send(OpRequest::Grant(Grant {
             path: path.clone(),
             ttl_s,
+            preserve,
         }))?;
         match self.final_reply()? {
             OpReply::Granted(g) => Ok(g),
@@ -84,7 +86,7 @@ impl Client {
         request: PushTo,
         mut each: impl FnMut(&TransferProgress) -> Result<(), Error>,
     ) -> Result<TransferSummary, Error> {
-        self.third_party()?;
+        self.third_party(request.preserve)?;
         self.send(OpRequest::PushTo(request))?;
         loop {
             match self.reply()? {
@@ -95,10 +97,19 @@ impl Client {
         }
     }
 
-    fn third_party(&self) -> Result<(), Error> {
+    /// Whether the server takes a third-party request, keeping `preserve` (an older
+    /// server would refuse the request's preserve flags as bytes it does not expect).
+    fn third_party(&self, preserve: u32) -> Result<(), Error> {
         if self.features & features::THIRD_PARTY == 0 {
             return Err(Error::Usage(format!(
                 "{} does not take third-party copies (an older wanxfer)",
+                self.control.peer
+            )));
+        }
+        if preserve != 0 && self.features & features::THIRD_PARTY_PRESERVE == 0 {
+            return Err(Error::Usage(format!(
+                "{} cannot preserve owners, groups or attributes in a copy between two \
+                 servers (--preserve, -a): it runs an older wanxfer",
                 self.control.peer
             )));
         }

@@ -14,6 +14,11 @@
 //! other transfer may not, and once a session of it completes the grant is spent.
 //! A session that has started is not cut off by the grant expiring.
 //!
+//! A grant also names what the push may keep beyond mode and mtime (`cp --preserve`
+//! between two servers): the session may ask no `PRESERVE_*` flag the client did not ask
+//! for when it got the grant, so a grant made for a plain copy cannot be turned, by the
+//! source that holds it, into one that sets owners or attributes on this server.
+//!
 //! Time is passed in, so that expiry is tested without waiting.
 
 use std::collections::HashMap;
@@ -44,6 +49,8 @@ enum Use {
 struct Entry {
     secret: [u8; 32],
     path: RelPath,
+    /// The `PRESERVE_*` session flags its sessions may ask.
+    preserve: u32,
     /// The client the grant was made for: its push runs with this identity.
     identity: Identity,
     expires: Instant,
@@ -68,11 +75,12 @@ pub const GRANT_REFUSED: &str = "the third-party copy's grant is unknown, expire
      used (grants live minutes and allow one transfer): run the copy again for a new one";
 
 impl GrantTable {
-    /// Makes a grant for one push into `path`, usable for `ttl` (cut to the protocol's
-    /// maximum).
+    /// Makes a grant for one push into `path` that may keep what `preserve` (session
+    /// flags) names, usable for `ttl` (cut to the protocol's maximum).
     pub fn issue(
         &self,
         path: RelPath,
+        preserve: u32,
         identity: Identity,
         ttl: Duration,
         now: Instant,
@@ -98,6 +106,7 @@ impl GrantTable {
             Entry {
                 secret: granted.secret,
                 path,
+                preserve: preserve & session_flags::PRESERVE_ALL,
                 identity,
                 expires: now + Duration::from_secs(ttl_s.into()),
                 used: Use::Fresh,
@@ -136,6 +145,14 @@ impl GrantTable {
                 "a third-party grant allows a push of files into its path, nothing else".into(),
             ));
         }
+        let beyond = open.flags & session_flags::PRESERVE_ALL & !grant.preserve;
+        if beyond != 0 {
+            return Err(refused(format!(
+                "the grant was made for a copy that keeps {}, not {} (session flags {beyond:#x})",
+                kept(grant.preserve),
+                kept(open.flags & session_flags::PRESERVE_ALL),
+            )));
+        }
         match open.paths.as_slice() {
             [dest] if *dest == grant.path => {}
             _ => {
@@ -168,6 +185,16 @@ impl GrantTable {
         if let Some(grant) = grants.get_mut(id) {
             grant.used = Use::Spent;
         }
+    }
+}
+
+/// The items of `flags` as `--preserve` names them, or "nothing".
+fn kept(flags: u32) -> String {
+    let names = crate::preserve::Preserve::from_flags(flags).names();
+    if names.is_empty() {
+        "nothing".into()
+    } else {
+        names.join(",")
     }
 }
 
@@ -204,7 +231,7 @@ mod tests {
         let table = GrantTable::default();
         let t0 = Instant::now();
         let g = table
-            .issue(rel("d"), Identity::Secret, Duration::from_secs(60), t0)
+            .issue(rel("d"), 0, Identity::Secret, Duration::from_secs(60), t0)
             .unwrap();
         assert_eq!(g.ttl_s, 60);
         assert_eq!(table.secret(&g.id, t0), Some(g.secret));
@@ -221,7 +248,7 @@ mod tests {
         let table = GrantTable::default();
         let now = Instant::now();
         let g = table
-            .issue(rel("d"), Identity::Secret, Duration::from_secs(60), now)
+            .issue(rel("d"), 0, Identity::Secret, Duration::from_secs(60), now)
             .unwrap();
         table.admit(&g.id, &push("d", 1), now).unwrap();
         // The same transfer again: the source retrying after a network failure.
@@ -243,7 +270,7 @@ mod tests {
         let table = GrantTable::default();
         let now = Instant::now();
         let g = table
-            .issue(rel("d"), Identity::Secret, Duration::from_secs(60), now)
+            .issue(rel("d"), 0, Identity::Secret, Duration::from_secs(60), now)
             .unwrap();
         let err = table.admit(&g.id, &push("e", 1), now).unwrap_err();
         assert!(
@@ -261,22 +288,59 @@ mod tests {
         table.admit(&g.id, &push("d", 1), now).unwrap();
     }
 
+    /// A grant made for a plain copy cannot be used to keep owners or attributes, nor
+    /// one made for attributes to keep owners; what was granted, or less, is admitted.
+    #[test]
+    fn a_grant_allows_only_the_preserve_flags_it_was_made_for() {
+        let table = GrantTable::default();
+        let now = Instant::now();
+        let ttl = Duration::from_secs(60);
+        let plain = table
+            .issue(rel("d"), 0, Identity::Secret, ttl, now)
+            .unwrap();
+        let mut owners = push("d", 1);
+        owners.flags = session_flags::PRESERVE_OWNER;
+        let err = table.admit(&plain.id, &owners, now).unwrap_err();
+        assert!(
+            matches!(&err, Error::Refused { reason, .. } if reason.contains("keeps nothing")),
+            "{err:?}"
+        );
+        table.admit(&plain.id, &push("d", 1), now).unwrap();
+
+        let xattrs = session_flags::PRESERVE_XATTRS | session_flags::PRESERVE_SPARSE;
+        let some = table
+            .issue(rel("d"), xattrs, Identity::Secret, ttl, now)
+            .unwrap();
+        let mut more = push("d", 2);
+        more.flags = xattrs | session_flags::PRESERVE_GROUP;
+        assert!(table.admit(&some.id, &more, now).is_err());
+        let mut less = push("d", 2);
+        less.flags = session_flags::PRESERVE_SPARSE;
+        table.admit(&some.id, &less, now).unwrap();
+    }
+
     #[test]
     fn the_table_is_bounded_and_makes_room_from_expired_grants() {
         let table = GrantTable::default();
         let now = Instant::now();
         for _ in 0..MAX_GRANTS {
             table
-                .issue(rel("d"), Identity::Secret, Duration::from_secs(1), now)
+                .issue(rel("d"), 0, Identity::Secret, Duration::from_secs(1), now)
                 .unwrap();
         }
         assert!(matches!(
-            table.issue(rel("d"), Identity::Secret, Duration::from_secs(1), now),
+            table.issue(rel("d"), 0, Identity::Secret, Duration::from_secs(1), now),
             Err(Error::Limit(_))
         ));
         let later = now + Duration::from_secs(2);
         table
-            .issue(rel("d"), Identity::Secret, Duration::from_secs(600), later)
+            .issue(
+                rel("d"),
+                0,
+                Identity::Secret,
+                Duration::from_secs(600),
+                later,
+            )
             .unwrap();
         assert_eq!(table.grants.lock().unwrap().len(), 1);
     }

@@ -391,8 +391,13 @@ impl crate::ops::server::ThirdParty for Shared {
         let (export, inside) = self.exports.resolve(&request.path)?;
         authorize(identity, export, &inside, Access::Create)?;
         let ttl = Duration::from_secs(request.ttl_s.into()).min(GRANT_TTL);
-        self.grants
-            .issue(request.path.clone(), identity.clone(), ttl, Instant::now())
+        self.grants.issue(
+            request.path.clone(),
+            request.preserve,
+            identity.clone(),
+            ttl,
+            Instant::now(),
+        )
     }
 
     fn push_to(

@@ -13,6 +13,11 @@
 //! this side when the client is gone: the push is then cancelled, its partial files kept
 //! for a rerun) and gets the whole report at the end.
 //!
+//! With `cp --preserve` the client's `PRESERVE_*` flags ride in the request: this side
+//! reads owners, attributes and data ranges as any pushing client does, the destination
+//! applies what its grant and its own rules allow, and what it could not keep comes
+//! back to the client as the summary's notes.
+//!
 //! What this module does not do: read anything outside the served root (sources are
 //! opened beneath it, as a pull's are), or let the client choose where this server
 //! keeps its state.
@@ -23,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use wanxfer_proto::tpc::{
     push_flags, PushTo, TransferProgress, TransferSummary, MAX_ENCRYPTION_NAME_BYTES,
-    MAX_REPORTED_FAILURES,
+    MAX_REPORTED_FAILURES, MAX_REPORTED_NOTES,
 };
 use wanxfer_proto::{FailureClass, Message, MAX_MESSAGE_BYTES};
 
@@ -35,6 +40,7 @@ use super::Tuning;
 use crate::fs::Root;
 use crate::ops::server::relative_text;
 use crate::pool::Cancel;
+use crate::preserve::Preserve;
 use crate::progress::Progress;
 use crate::source::Source;
 use crate::tls::ClientSecurity;
@@ -116,6 +122,7 @@ pub(crate) fn push(
     cfg.security = ClientSecurity::Fingerprint(fingerprint);
     cfg.cancel = Cancel::linked(&[&cancel, side.stopping]);
     cfg.connect_timeout = l.handshake_timeout;
+    cfg.preserve = Preserve::from_flags(req.preserve);
     cfg.state_dir = match side.state_dir {
         Some(dir) => dir.join("third-party"),
         None => StateDir::client_default(),
@@ -181,6 +188,7 @@ pub(crate) fn push(
         );
     };
     summary.failures.iter_mut().for_each(|(_, m)| fix(m));
+    summary.notes.iter_mut().for_each(fix);
     if let Some((_, m)) = &mut summary.error {
         fix(m);
     }
@@ -243,6 +251,12 @@ fn summarize(report: &Report, error: Option<&Error>) -> TransferSummary {
         error: error
             .filter(|e| !matches!(e, Error::Files { .. }))
             .map(|e| (summary_class(e), cut(e.to_string(), MAX_MESSAGE_BYTES))),
+        notes: report
+            .notes
+            .iter()
+            .take(MAX_REPORTED_NOTES)
+            .map(|n| cut(n.clone(), MAX_MESSAGE_BYTES))
+            .collect(),
     }
 }
 
