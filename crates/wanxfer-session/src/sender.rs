@@ -101,6 +101,13 @@ impl Ledger {
     }
 }
 
+/// About what `entry` adds to a manifest frame, for batching.
+fn entry_cost(entry: &Entry) -> usize {
+    40 + entry.path.as_bytes().len()
+        + entry.link_target.len()
+        + entry.meta.as_ref().map_or(0, |m| m.encoded_len())
+}
+
 /// The sending side of a session.
 #[derive(Debug)]
 pub struct SenderMachine {
@@ -150,6 +157,49 @@ impl SenderMachine {
     /// Announces one walked entry; returns its id. Call only while [`Self::wants_entries`].
     pub fn push_entry(&mut self, entry: Entry) -> u64 {
         debug_assert!(self.wants_entries(), "the driver respects the window");
+        let id = self.record(entry);
+        if self.batch.len() >= MAX_MANIFEST_ENTRIES || self.batch_bytes >= MAX_FRAME_BODY / 2 {
+            self.flush_batch();
+        }
+        id
+    }
+
+    /// Takes in the entries a client already sent behind its session request, before
+    /// this machine existed (`features::PIPELINE`): ids from 0 in their order, one
+    /// manifest batch awaiting its acknowledgement like any other. Call first, before
+    /// any [`Self::push_entry`]; the agreed window holds them (the server sees to that).
+    pub fn announced_early(&mut self, entries: Vec<Entry>) -> std::ops::Range<u64> {
+        assert_eq!(self.next_id, 0, "early entries come first");
+        for entry in entries {
+            self.record(entry);
+        }
+        self.batch.clear();
+        self.batch_bytes = 0;
+        if self.next_id > 0 {
+            self.awaiting_ack
+                .push_back((self.next_id, self.with_data(0..self.next_id)));
+        }
+        0..self.next_id
+    }
+
+    /// Whether `entries` fit in one manifest frame as this machine batches them: what a
+    /// client may send early (see [`Self::announced_early`]).
+    pub fn fits_one_batch(entries: &[Entry]) -> bool {
+        entries.len() <= MAX_MANIFEST_ENTRIES
+            && entries.iter().map(entry_cost).sum::<usize>() < MAX_FRAME_BODY / 2
+    }
+
+    fn with_data(&self, ids: std::ops::Range<u64>) -> Vec<u64> {
+        ids.filter(|id| {
+            self.files
+                .get(id)
+                .is_some_and(|f| f.kind == EntryKind::File && f.size > 0)
+        })
+        .collect()
+    }
+
+    /// Books `entry` under the next id and adds it to the batch being filled.
+    fn record(&mut self, entry: Entry) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         self.total_bytes += entry.size;
@@ -164,14 +214,8 @@ impl SenderMachine {
                 verifying: false,
             },
         );
-        self.batch_bytes += 40
-            + entry.path.as_bytes().len()
-            + entry.link_target.len()
-            + entry.meta.as_ref().map_or(0, |m| m.encoded_len());
+        self.batch_bytes += entry_cost(&entry);
         self.batch.push(entry);
-        if self.batch.len() >= MAX_MANIFEST_ENTRIES || self.batch_bytes >= MAX_FRAME_BODY / 2 {
-            self.flush_batch();
-        }
         id
     }
 
@@ -205,13 +249,7 @@ impl SenderMachine {
         let entries = std::mem::take(&mut self.batch);
         self.batch_bytes = 0;
         let first_id = self.next_id - entries.len() as u64;
-        let with_data = (first_id..self.next_id)
-            .filter(|id| {
-                self.files
-                    .get(id)
-                    .is_some_and(|f| f.kind == EntryKind::File && f.size > 0)
-            })
-            .collect();
+        let with_data = self.with_data(first_id..self.next_id);
         self.awaiting_ack.push_back((self.next_id, with_data));
         self.link
             .send(Message::Manifest(Manifest { first_id, entries }));
@@ -696,6 +734,36 @@ mod tests {
         m.handle_message(now, Message::FileAck { ids: vec![0, 1] })
             .unwrap();
         assert!(m.wants_entries());
+    }
+
+    /// Issue 19 item 5: entries sent behind the session request are not announced
+    /// again, are read once acknowledged, and the walk goes on after them.
+    #[test]
+    fn entries_sent_early_are_not_sent_again_and_read_after_their_ack() {
+        let now = Instant::now();
+        let mut m = SenderMachine::new(cfg(), now);
+        let early = vec![file("a", 30), file("b", 0)];
+        assert!(SenderMachine::fits_one_batch(&early));
+        assert_eq!(m.announced_early(early), 0..2);
+        assert!(drain(&mut m, now).is_empty(), "already on the wire");
+        assert!(works(&mut m).is_empty(), "nothing is read before the ack");
+        assert_eq!(m.push_entry(file("c", 30)), 2);
+        m.walk_done();
+        assert!(matches!(
+            &drain(&mut m, now)[..],
+            [Message::Manifest(m), Message::ManifestEnd(_)] if m.first_id == 2 && m.entries.len() == 1
+        ));
+        m.handle_message(now, Message::ManifestAck { through: 2 })
+            .unwrap();
+        assert_eq!(
+            works(&mut m),
+            vec![SenderWork::Read(Plan::Packed {
+                files: vec![(0, 30)]
+            })]
+        );
+        assert!(m
+            .handle_message(now, Message::ManifestAck { through: 4 })
+            .is_err());
     }
 
     #[test]

@@ -18,8 +18,9 @@ use wanxfer_engine::tls::{ClientTls, Trust};
 use wanxfer_proto::handshake::{Authenticated, ClientHandshake, Step};
 use wanxfer_proto::{
     encode_frame, features, BlockHeader, ChannelJoin, Compare, ConnectionKind, Direction, Entry,
-    EntryKind, FailureClass, FileFailed, FrameHeader, Hello, Manifest, ManifestEnd, Message,
-    OpenSession, Placement, Preamble, RelPath, Segment, SessionAccepted, Stats, TransportKind,
+    EntryKind, ErrorMsg, FailureClass, FileFailed, FrameHeader, Hello, Manifest, ManifestEnd,
+    Message, OpenSession, Placement, Preamble, RelPath, Segment, SessionAccepted, Stats,
+    TransportKind,
 };
 
 /// One connection to the server, driven by hand.
@@ -160,22 +161,40 @@ impl RawPeer {
         RawPeer::authenticate_from(server, secret, None)
     }
 
+    /// Authenticates as a client from before pipelined set-up (no `features::PIPELINE`):
+    /// its joins are answered, and it announces only once its session is accepted.
     fn authenticate_from(
         server: &Server,
         secret: &str,
         from: Option<std::net::Ipv4Addr>,
     ) -> (RawPeer, Authenticated) {
+        RawPeer::authenticate_as(server, secret, from, OLDER_CLIENT, &[])
+    }
+
+    /// Authenticates offering `offered`, with `behind` sent right behind the proof,
+    /// before the server's answer is read.
+    fn authenticate_as(
+        server: &Server,
+        secret: &str,
+        from: Option<std::net::Ipv4Addr>,
+        offered: u64,
+        behind: &[Message],
+    ) -> (RawPeer, Authenticated) {
         let mut peer = RawPeer::open_from(server, from);
         peer.stream
             .write_all(&Preamble::new(ConnectionKind::Control).encode())
             .unwrap();
-        let mut handshake = ClientHandshake::new(secret.as_bytes(), [7; 32], features::SUPPORTED)
+        let mut handshake = ClientHandshake::new(secret.as_bytes(), [7; 32], offered)
             .with_binding(peer.stream.binding());
         peer.send(&handshake.hello());
         let Ok(Step::Send(proof)) = handshake.handle(Message::Hello(peer.greeting.clone())) else {
             panic!("the greeting asks for a proof")
         };
-        peer.send(&proof);
+        let mut flight = Vec::new();
+        for msg in std::iter::once(&proof).chain(behind) {
+            encode_frame(msg, &mut flight);
+        }
+        peer.send_raw(&flight);
         let msg = peer.recv().expect("the server answers the handshake");
         match handshake.handle(msg).expect("handshake") {
             Step::Done(auth) => (peer, auth),
@@ -183,6 +202,9 @@ impl RawPeer {
         }
     }
 }
+
+/// What a client from before pipelined set-up offered.
+const OLDER_CLIENT: u64 = features::SUPPORTED & !features::PIPELINE;
 
 fn hello_placeholder() -> Hello {
     Hello {
@@ -560,6 +582,235 @@ fn a_replayed_channel_join_is_refused_and_harms_nothing() {
     site.assert_unharmed();
 }
 
+/// Issue 19 item 5 (`features::PIPELINE`): a client's first entries, sent behind its
+/// request before the server has proved itself, are read only once the session is
+/// accepted and are answered right behind the acceptance; the data channel's join is not
+/// answered, and the block sent right behind it is taken.
+#[test]
+fn a_pipelined_push_is_answered_with_its_session_and_its_join_is_silent() {
+    let mut site = Site::new();
+    let payload = b"pipelined";
+    let request = push_request("");
+    let entries = vec![file_entry("p", payload.len() as u64)];
+    let (mut control, auth) = RawPeer::authenticate_as(
+        &site.server,
+        SECRET,
+        None,
+        features::SUPPORTED,
+        &[
+            Message::OpenSession(request),
+            Message::Manifest(Manifest {
+                first_id: 0,
+                entries,
+            }),
+        ],
+    );
+    let accepted = site.accepted(&mut control);
+    await_manifest_ack(&mut control, 1);
+    let mut data = RawPeer::connect(&site.server, ConnectionKind::Data);
+    let proof = auth.channel_proof(
+        &accepted.session_id,
+        0,
+        &data.greeting.nonce,
+        &data.stream.binding(),
+    );
+    let mut flight = Vec::new();
+    encode_frame(
+        &Message::ChannelJoin(ChannelJoin {
+            session_id: accepted.session_id,
+            index: 0,
+            proof,
+        }),
+        &mut flight,
+    );
+    flight.extend_from_slice(&block(
+        &accepted,
+        whole_file_segment(payload.len() as u32, digest_of(payload)),
+        payload,
+        false,
+    ));
+    data.send_raw(&flight);
+    match control.recv() {
+        Some(Message::FileAck { ids }) => assert_eq!(ids, [0]),
+        other => panic!("expected the file acknowledged, got {other:?}"),
+    }
+    drop(control);
+    // The session ends with its control connection; the data channel heard nothing.
+    match data.recv() {
+        None => {}
+        Some(other) => panic!("a pipelined join is not answered, got {other:?}"),
+    }
+    assert_eq!(fs::read(site.server.root.join("p")).unwrap(), payload);
+    site.assert_unharmed();
+}
+
+/// Issue 19 item 5: pipelining holds nothing for later. Entries behind a request whose
+/// proof fails are never read; a join for a session that is not open is refused at once,
+/// never kept until one opens; a join with a wrong proof is refused on a pipelined
+/// session as on any other.
+#[test]
+fn pipelined_set_up_refuses_what_comes_before_or_without_authentication() {
+    let mut site = Site::new();
+    let behind = [
+        Message::OpenSession(push_request("")),
+        Message::Manifest(Manifest {
+            first_id: 0,
+            entries: vec![file_entry("never", 4)],
+        }),
+    ];
+    let mut peer = RawPeer::open_from(&site.server, None);
+    peer.stream
+        .write_all(&Preamble::new(ConnectionKind::Control).encode())
+        .unwrap();
+    let mut handshake = ClientHandshake::new(b"not the secret", [7; 32], features::SUPPORTED)
+        .with_binding(peer.stream.binding());
+    peer.send(&handshake.hello());
+    let Ok(Step::Send(proof)) = handshake.handle(Message::Hello(peer.greeting.clone())) else {
+        panic!("the greeting asks for a proof")
+    };
+    let mut flight = Vec::new();
+    for msg in std::iter::once(&proof).chain(&behind) {
+        encode_frame(msg, &mut flight);
+    }
+    peer.send_raw(&flight);
+    peer.expect_refusal(None);
+
+    // A join naming a session nobody opened, on a server where one is open.
+    let (control, auth) = RawPeer::authenticate_as(
+        &site.server,
+        SECRET,
+        None,
+        features::SUPPORTED,
+        &behind[..1],
+    );
+    let mut control = control;
+    let accepted = site.accepted(&mut control);
+    let mut unopened = accepted.session_id;
+    unopened[0] ^= 0x80;
+    let mut data = RawPeer::connect(&site.server, ConnectionKind::Data);
+    let proof = auth.channel_proof(&unopened, 0, &data.greeting.nonce, &data.stream.binding());
+    data.send(&Message::ChannelJoin(ChannelJoin {
+        session_id: unopened,
+        index: 0,
+        proof,
+    }));
+    data.expect_refusal(Some("unknown session"));
+
+    // The open session's id with a proof that is not bound to this connection.
+    let mut data = RawPeer::connect(&site.server, ConnectionKind::Data);
+    let proof = auth.channel_proof(&accepted.session_id, 0, &[0; 32], &data.stream.binding());
+    data.send(&Message::ChannelJoin(ChannelJoin {
+        session_id: accepted.session_id,
+        index: 0,
+        proof,
+    }));
+    data.expect_refusal(Some("bad channel proof"));
+    drop(control);
+    assert!(
+        snapshot(&site.server.root).is_empty(),
+        "nothing was written"
+    );
+    site.assert_unharmed();
+}
+
+/// Issue 19 item 5: a pushing client pipelines only with a server that offers it. Seen
+/// from a hand-driven server: offering `features::PIPELINE`, the first entries arrive
+/// behind the request and blocks right behind the join; not offering it (an older
+/// server), nothing comes before the session's answer or the join's.
+#[test]
+fn a_pushing_client_pipelines_only_with_a_server_that_offers_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("f");
+    fs::write(&src, b"abcd").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let push = || {
+        cp([
+            "--retries=0".to_string(),
+            src.to_str().unwrap().to_string(),
+            format!("wanxfer://{addr}/f"),
+        ])
+    };
+    // First use: the client pins the certificate once the server has proved itself,
+    // and sends nothing but its request to a certificate it does not know yet.
+    let server = std::thread::spawn(move || {
+        let (mut control, _, _) = rogue_control(&listener);
+        assert_silent(&mut control, "nothing behind the request on first use");
+        control.send(&Message::Error(ErrorMsg::new(
+            FailureClass::Refused,
+            "come back",
+        )));
+        let _ = control.recv();
+    });
+    assert_ne!(push().code, 0);
+    server.join().unwrap();
+
+    for offered in [
+        features::SUPPORTED & !features::PIPELINE,
+        features::SUPPORTED,
+    ] {
+        let listener = std::net::TcpListener::bind(addr).unwrap();
+        let server = std::thread::spawn(move || {
+            let pipelined = offered & features::PIPELINE != 0;
+            let (mut control, auth, open) = rogue_control_offering(&listener, offered);
+            if pipelined {
+                match control.recv() {
+                    Some(Message::Manifest(m)) => assert_eq!(m.entries.len(), 1),
+                    other => panic!("expected the entries behind the request, got {other:?}"),
+                }
+            } else {
+                assert_silent(&mut control, "nothing behind the request");
+            }
+            let accepted = SessionAccepted {
+                placement: Placement::Onto,
+                ..honest_answer(&open)
+            };
+            control.send(&Message::SessionAccepted(accepted.clone()));
+            if pipelined {
+                control.send(&Message::ManifestAck { through: 1 });
+            }
+            let (mut data, join) = rogue_join(&listener, [11; 32]);
+            assert!(auth.verify_channel(
+                &accepted.session_id,
+                join.index,
+                &[11; 32],
+                &data.stream.binding(),
+                &join.proof
+            ));
+            if pipelined {
+                let mut magic = [0u8; 4];
+                data.stream.read_exact(&mut magic).unwrap();
+                assert_eq!(magic, wanxfer_proto::BLOCK_MAGIC.to_le_bytes());
+            } else {
+                assert_silent(&mut data, "nothing behind the join before its answer");
+                data.send(&Message::ChannelAccepted { index: join.index });
+                match control.recv() {
+                    Some(Message::Manifest(m)) => assert_eq!(m.entries.len(), 1),
+                    other => panic!("expected the entries after the answer, got {other:?}"),
+                }
+            }
+        });
+        assert_ne!(push().code, 0, "the hand-driven server never finishes");
+        server.join().unwrap();
+    }
+}
+
+/// Asserts `peer` sends nothing for a second (what it would send, it sends at once).
+#[track_caller]
+fn assert_silent(peer: &mut RawPeer, what: &str) {
+    peer.stream
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    match peer.stream.read(&mut byte) {
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+        other => panic!("{what}: got {other:?}"),
+    }
+    peer.stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+}
+
 /// Joins data channel 0 of `accepted`'s session.
 fn join_channel(site: &Site, auth: &Authenticated, accepted: &SessionAccepted) -> RawPeer {
     let mut data = RawPeer::connect(&site.server, ConnectionKind::Data);
@@ -896,21 +1147,23 @@ fn a_block_larger_than_agreed_is_refused_before_it_is_read() {
 }
 
 /// Accepts a connection on `listener` and greets like a server (its preamble and a Hello
-/// with `nonce`, in TLS's first flight), then checks the client's preamble.
-fn rogue_accept(
-    listener: &std::net::TcpListener,
-    kind: ConnectionKind,
-    nonce: [u8; 32],
-) -> RawPeer {
-    try_rogue_accept(listener, kind, nonce).expect("the client's connection")
-}
-
-/// [`rogue_accept`], `None` for a connection the client closed before it said what it
-/// is (it opens data connections early and closes those its session does not take).
+/// with `nonce`, in TLS's first flight), then checks the client's preamble; `None` for a
+/// connection the client closed before it said what it is (it opens data connections
+/// early and closes those its session does not take).
 fn try_rogue_accept(
     listener: &std::net::TcpListener,
     kind: ConnectionKind,
     nonce: [u8; 32],
+) -> Option<RawPeer> {
+    try_rogue_accept_offering(listener, kind, nonce, features::SUPPORTED)
+}
+
+/// [`try_rogue_accept`] greeting with `offered` features.
+fn try_rogue_accept_offering(
+    listener: &std::net::TcpListener,
+    kind: ConnectionKind,
+    nonce: [u8; 32],
+    offered: u64,
 ) -> Option<RawPeer> {
     let (cert, key) = test_identity();
     let tls = wanxfer_engine::tls::ServerIdentity::from_files(&cert, &key)
@@ -919,7 +1172,7 @@ fn try_rogue_accept(
     let (tcp, _) = listener.accept().unwrap();
     let mut greeting = Preamble::new(ConnectionKind::Server).encode().to_vec();
     encode_frame(
-        &wanxfer_proto::handshake::hello(nonce, features::SUPPORTED),
+        &wanxfer_proto::handshake::hello(nonce, offered),
         &mut greeting,
     );
     let stream = wanxfer_engine::tls::accept(
@@ -961,9 +1214,19 @@ fn rogue_join(listener: &std::net::TcpListener, nonce: [u8; 32]) -> (RawPeer, Ch
 /// A rogue server's control connection: the client authenticated properly, and its
 /// request.
 fn rogue_control(listener: &std::net::TcpListener) -> (RawPeer, Authenticated, OpenSession) {
+    rogue_control_offering(listener, features::SUPPORTED)
+}
+
+/// [`rogue_control`] for a server offering `offered` features.
+fn rogue_control_offering(
+    listener: &std::net::TcpListener,
+    offered: u64,
+) -> (RawPeer, Authenticated, OpenSession) {
     use wanxfer_proto::handshake::ServerHandshake;
-    let mut control = rogue_accept(listener, ConnectionKind::Control, [9; 32]);
-    let mut handshake = ServerHandshake::new(SECRET.as_bytes(), [9; 32], features::SUPPORTED);
+    let mut control =
+        try_rogue_accept_offering(listener, ConnectionKind::Control, [9; 32], offered)
+            .expect("the client's connection");
+    let mut handshake = ServerHandshake::new(SECRET.as_bytes(), [9; 32], offered);
     handshake.set_binding(control.stream.binding());
     let auth = loop {
         match handshake.handle(control.recv().unwrap()).unwrap() {

@@ -599,13 +599,17 @@ fn a_path_whose_rate_drops_mid_transfer_still_completes() {
 }
 
 /// Issue 19 item 5: the round trips a small file waits for before its first byte moves,
-/// counted by the client over a 100 ms path, a push and a pull. The control connection's
-/// connect, TLS (the greeting rides in its flight) and the proof with the request behind
-/// it make 3; the data connections, opened beside the control connection's
-/// authentication, join once it is agreed, and the manifest's answer comes back in the
-/// same round trip: 4, where opening them after the session made it 6.
+/// counted by the client over a 100 ms path. The control connection's connect, TLS (the
+/// greeting rides in its flight) and the proof with the request behind it make 3 (the
+/// data connections' own TCP and TLS run beside them). A push to a server whose
+/// certificate is already pinned sends its first entries behind the request
+/// (`features::PIPELINE`); they are answered with the session, and its blocks follow the
+/// joins at once: 3. The first push pins the certificate (on first use it sends nothing
+/// beyond its request before the server has proved itself: 4), and a pull's receiver
+/// answers the server's entries once it has them: one round trip more, 4 (6 before the
+/// data connections were opened beside the authentication).
 #[test]
-fn a_small_file_waits_four_round_trips_for_its_first_byte() {
+fn a_pipelined_push_waits_three_round_trips_for_its_first_byte() {
     if skip() {
         return;
     }
@@ -621,14 +625,14 @@ fn a_small_file_waits_four_round_trips_for_its_first_byte() {
     let server = serve_right(&emu, dir.path(), &[]);
     let src = dir.path().join("small.bin");
     write_pattern(&src, 20_000, 5);
-    let push = cp_via(
-        emu.left(wanxfer_bin()),
-        [
-            OsStr::new("--json"),
-            src.as_os_str(),
-            &server.url("small.bin"),
-        ],
-    );
+    let push = |name: &str| {
+        cp_via(
+            emu.left(wanxfer_bin()),
+            [OsStr::new("--json"), src.as_os_str(), &server.url(name)],
+        )
+    };
+    let first = push("first.bin");
+    let pinned = push("small.bin");
     let back = dir.path().join("back.bin");
     let pull = cp_via(
         emu.left(wanxfer_bin()),
@@ -639,10 +643,15 @@ fn a_small_file_waits_four_round_trips_for_its_first_byte() {
         ],
     );
     emu.stop().unwrap();
-    for (what, run) in [("push", push), ("pull", pull)] {
+    // The first push is 4 only if no earlier test of this process pinned the address
+    // (the test servers share one certificate); rogue.rs checks the first-use rule.
+    let json = first.assert_ok().json();
+    let counted = json["setup_round_trips"].as_u64().unwrap();
+    assert!((3..=4).contains(&counted), "first push: {json}");
+    for (what, run, expected) in [("pinned push", pinned, 3), ("pull", pull, 4)] {
         let json = run.assert_ok().json();
         assert_eq!(json["session_round_trips"], 3, "{what}: {json}");
-        assert_eq!(json["setup_round_trips"], 4, "{what}: {json}");
+        assert_eq!(json["setup_round_trips"], expected, "{what}: {json}");
         eprintln!("{what}: first byte after {} s", json["setup_seconds"]);
     }
     assert_eq!(fs::read(&src).unwrap(), fs::read(&back).unwrap());

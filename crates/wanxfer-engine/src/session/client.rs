@@ -17,7 +17,7 @@ use wanxfer_proto::{
 use wanxfer_session::negotiate;
 
 use super::conn::{self, Deadline};
-use super::driver::{Driver, Event, Opened, Opener, Outcome, Setup};
+use super::driver::{Driver, EarlyManifest, Event, Opened, Opener, Outcome, Setup};
 use super::state::StateDir;
 use super::{random, Params, Transport, Tuning, DISCARD_PATH, SYNTHETIC_PATH};
 use crate::digest::BlockKey;
@@ -513,7 +513,29 @@ fn run_once(
     } else {
         tuning.streams
     };
-    let agreed = handshake(cfg, request.clone(), || early.start(cfg, expected))?;
+    // A push's first entries go behind the request when the server takes them
+    // (`features::PIPELINE`), to be answered with the session: not with --preserve,
+    // whose entries depend on what the server agrees to keep.
+    let mut early_manifest = None;
+    let pipeline = || match job {
+        ClientJob::Push { source, .. }
+            if request.flags & session_flags::PRESERVE_ALL == 0
+                && request.transport == TransportKind::Tcp =>
+        {
+            let most = request.window.min(wanxfer_proto::MAX_PIPELINED_ENTRIES);
+            let walked = EarlyManifest::walk(source, selection.clone(), most);
+            let manifest = walked.manifest();
+            early_manifest = Some(walked);
+            manifest
+        }
+        _ => None,
+    };
+    let agreed = handshake(
+        cfg,
+        request.clone(),
+        || early.start(cfg, expected),
+        pipeline,
+    )?;
     // A server that knows --preserve says itself why it keeps no owners (not root, or
     // not started with --accept-owners), in a note of the session.
     if matches!(job, ClientJob::Push { .. })
@@ -580,6 +602,9 @@ fn run_once(
             id: agreed.accepted.session_id,
             certificate: agreed.stream.peer_certificate(),
             round_trips: agreed.round_trips,
+            silent_joins: matches!(job, ClientJob::Push { .. })
+                && agreed.auth.negotiated() & features::PIPELINE != 0
+                && request.transport == TransportKind::Tcp,
         };
         // As many as the driver opens at the start (see `Driver::open_initial_links`).
         early.keep(if params.auto_streams {
@@ -607,7 +632,7 @@ fn run_once(
     let report_to = events.0.clone();
     let driver = Driver::new(setup, &agreed.stream, events)?;
     let outcome = match job {
-        ClientJob::Push { source, .. } => driver.send(source, selection.clone()),
+        ClientJob::Push { source, .. } => driver.send(source, selection.clone(), early_manifest),
         ClientJob::Pull {
             sources,
             synthetic_bytes,
@@ -758,7 +783,8 @@ pub(crate) fn open_control(
 ) -> Result<(Stream, conn::Control, Authenticated, Option<String>), Error> {
     let deadline = Deadline::after(cfg.connect_timeout);
     let tls = cfg.tls()?;
-    let (stream, auth, _) = authenticate(cfg, tls.as_deref(), deadline, None, |_| Ok(()), || {})?;
+    let (stream, auth, _) =
+        authenticate(cfg, tls.as_deref(), deadline, None, |_, _| Ok(None), || {})?;
     let _ = stream.set_write_timeout(None);
     let control = conn::Control::new(&stream, cfg.server.clone())?;
     // The certificate the server presented, verified (pinned, or by its CA) and proved
@@ -788,7 +814,7 @@ fn authenticate(
     tls: Option<&ClientTls>,
     deadline: Deadline,
     request: Option<&Message>,
-    check_greeting: impl FnOnce(&wanxfer_proto::Hello) -> Result<(), Error>,
+    check_greeting: impl FnOnce(&wanxfer_proto::Hello, bool) -> Result<Option<Message>, Error>,
     connected: impl FnOnce(),
 ) -> Result<(Stream, Authenticated, u32), Error> {
     let peer = cfg.server.as_str();
@@ -835,7 +861,11 @@ fn authenticate(
     first.extend_from_slice(&conn::frames(&[&handshake.hello()]));
     conn::write_all_by(&mut stream, &first, deadline, peer)?;
     let greeting = conn::read_greeting(&mut stream, deadline, peer)?;
-    check_greeting(&greeting)?;
+    // Whether the certificate this connection met is already known to be the server's
+    // (verified by --ca, or pinned): only then does more than the request go before the
+    // server's proof.
+    let verified = tls.is_some_and(|t| !t.seen.lock().unwrap_or_else(|e| e.into_inner()).first_use);
+    let behind_request = check_greeting(&greeting, verified)?;
     let Step::Send(proof) = handshake
         .handle(Message::Hello(greeting))
         .map_err(|e| Error::handshake(peer, e))?
@@ -853,7 +883,11 @@ fn authenticate(
         conn::write_all_by(&mut stream, &conn::frames(&[credential]), deadline, peer)?;
     }
     if let Some(request) = request {
-        conn::write_all_by(&mut stream, &conn::frames(&[request]), deadline, peer)?;
+        let mut flight = conn::frames(&[request]);
+        if let Some(behind) = &behind_request {
+            flight.extend_from_slice(&conn::frames(&[behind]));
+        }
+        conn::write_all_by(&mut stream, &flight, deadline, peer)?;
     }
     let Step::Done(auth) = handshake
         .handle(conn::read_message_by(&mut stream, deadline, peer)?)
@@ -873,10 +907,14 @@ fn authenticate(
 /// leave together once that flight is in: from the connection to the session's answer,
 /// two round trips more than the connect (TLS, then the request), as without TLS (the
 /// greeting, then the request). `connected` runs once the TCP connection is up.
+/// With a server that offers [`features::PIPELINE`] and a certificate already verified,
+/// what `pipeline` returns (a push's first manifest entries) goes right behind the
+/// request.
 fn handshake(
     cfg: &ClientConfig,
     request: OpenSession,
     connected: impl FnOnce(),
+    pipeline: impl FnOnce() -> Option<Message>,
 ) -> Result<Agreed, Error> {
     let peer = cfg.server.as_str();
     let started = Instant::now();
@@ -892,7 +930,7 @@ fn handshake(
     }
     let tls = cfg.tls()?;
     let open = Message::OpenSession(request.clone());
-    let check = |greeting: &wanxfer_proto::Hello| {
+    let check = |greeting: &wanxfer_proto::Hello, verified: bool| {
         if cfg.grant.is_some() && greeting.features & features::THIRD_PARTY == 0 {
             return Err(Error::Usage(format!(
                 "{peer} does not take third-party copies (an older wanxfer)"
@@ -917,7 +955,8 @@ fn handshake(
                      it runs an older wanxfer"
             )));
         }
-        Ok(())
+        let pipelined = verified && greeting.features & features::PIPELINE != 0;
+        Ok(if pipelined { pipeline() } else { None })
     };
     let (mut stream, auth, round_trips) =
         authenticate(cfg, tls.as_deref(), deadline, Some(&open), check, connected)?;
@@ -1135,6 +1174,9 @@ struct Session {
     /// hold the session's secret with: an early connection must have met the same one.
     certificate: Option<Vec<u8>>,
     round_trips: u32,
+    /// A pipelined push (`features::PIPELINE`): the server does not answer a join, and
+    /// blocks follow it at once.
+    silent_joins: bool,
 }
 
 /// A data connection opened early: connected, TLS done, preamble sent, greeting read;
@@ -1292,6 +1334,15 @@ fn open_channel(
         deadline,
         peer,
     )?;
+    if session.silent_joins {
+        // A refused join is an error and a close, which ends the link like any loss.
+        let _ = stream.set_read_timeout(None);
+        let _ = stream.set_write_timeout(None);
+        return Ok(Opened {
+            joined: Joined { stream, join },
+            round_trips: ready.max(session.round_trips),
+        });
+    }
     match conn::read_message_by(&mut stream, deadline, peer)? {
         Message::ChannelAccepted { index: i } if i == index => {
             let _ = stream.set_read_timeout(None);

@@ -41,7 +41,7 @@ use crate::progress::{CpuMeter, CpuTime, IoUse, PeerStatus, PoolKind, Progress};
 use crate::select::Matcher;
 use crate::sink::{self, Sink};
 use crate::source::{
-    run_reader, FileJob, ReadJob, ReaderConfig, ReaderEvent, ReaderShared, Source, Walker,
+    run_reader, FileJob, ReadJob, ReaderConfig, ReaderEvent, ReaderShared, Source, Walked, Walker,
 };
 use crate::transport::pace::Pacer;
 use crate::transport::{tcp_info, Closer, Joined, Link, LinkEvent, PumpCtx, Transport};
@@ -128,6 +128,63 @@ pub struct FirstData {
     pub round_trips: u32,
 }
 
+/// Client, pushing in a pipelined session (`features::PIPELINE`): what was walked
+/// before the session was agreed, its first entries already sent behind the request.
+pub struct EarlyManifest {
+    /// The walk, to go on from where it stopped.
+    pub walker: Walker,
+    /// Sent as one manifest batch with ids from 0, in this order.
+    pub sent: Vec<Walked>,
+    /// Walked but not sent (it would not have fitted the batch): announced as usual.
+    pub unsent: Vec<Walked>,
+    /// Entries that could not be listed.
+    pub failures: Vec<Error>,
+    /// The walk had ended.
+    pub ended: bool,
+}
+
+impl EarlyManifest {
+    /// Walks up to `most` entries of `source` (what `selection` takes).
+    pub fn walk(source: &Source, selection: Arc<Matcher>, most: u32) -> EarlyManifest {
+        let mut early = EarlyManifest {
+            walker: Walker::new(source).selecting(selection),
+            sent: Vec::new(),
+            unsent: Vec::new(),
+            failures: Vec::new(),
+            ended: false,
+        };
+        for _ in 0..most {
+            match early.walker.next_entry() {
+                None => {
+                    early.ended = true;
+                    break;
+                }
+                Some(Err(e)) => early.failures.push(e),
+                Some(Ok(w)) => {
+                    let mut entries: Vec<_> = early.sent.iter().map(|w| w.entry.clone()).collect();
+                    entries.push(w.entry.clone());
+                    if !SenderMachine::fits_one_batch(&entries) {
+                        early.unsent.push(w);
+                        break;
+                    }
+                    early.sent.push(w);
+                }
+            }
+        }
+        early
+    }
+
+    /// The manifest frame to send behind the request, if anything was walked.
+    pub fn manifest(&self) -> Option<Message> {
+        (!self.sent.is_empty()).then(|| {
+            Message::Manifest(wanxfer_proto::Manifest {
+                first_id: 0,
+                entries: self.sent.iter().map(|w| w.entry.clone()).collect(),
+            })
+        })
+    }
+}
+
 /// Opens one more data connection for the session (client): connect, greet, join.
 pub type Opener = Arc<dyn Fn(u16) -> Result<Opened, Error> + Send + Sync>;
 
@@ -205,6 +262,9 @@ pub struct Driver {
     pacer: Option<Arc<Pacer>>,
     /// Client: each link's round trips until it was up, for [`FirstData`].
     link_round_trips: HashMap<u16, u32>,
+    /// Client: round trips after the session's answer until the manifest's: none when
+    /// its first entries went with the request and were answered with the session.
+    manifest_round_trips: u32,
     /// Server, for a client that asked for it: when its next [`SessionStatus`] is due.
     next_status: Option<Instant>,
 }
@@ -254,6 +314,7 @@ impl Driver {
             steer: None,
             pacer: None,
             link_round_trips: HashMap::new(),
+            manifest_round_trips: 1,
             next_status,
         })
     }
@@ -649,7 +710,7 @@ impl Driver {
         let link = self.link_round_trips.get(&index).copied().unwrap_or(0);
         self.outcome.first_data = Some(FirstData {
             at: Instant::now(),
-            round_trips: link.max(session + 1),
+            round_trips: link.max(session + self.manifest_round_trips),
         });
     }
 
@@ -891,8 +952,13 @@ impl Driver {
 
     /// Sends `source` (what `selection` takes of it): walks it, announces it within the window, reads what the machine
     /// plans, and goes on until the receiver has resolved every entry.
-    pub fn send(mut self, source: &Source, selection: Arc<Matcher>) -> Result<Outcome, Error> {
-        let result = self.send_loop(source, selection);
+    pub fn send(
+        mut self,
+        source: &Source,
+        selection: Arc<Matcher>,
+        early: Option<EarlyManifest>,
+    ) -> Result<Outcome, Error> {
+        let result = self.send_loop(source, selection, early);
         match &result {
             Ok(_) => {
                 self.writer.close(Duration::from_secs(5));
@@ -913,7 +979,12 @@ impl Driver {
         })
     }
 
-    fn send_loop(&mut self, source: &Source, selection: Arc<Matcher>) -> Result<(), Error> {
+    fn send_loop(
+        &mut self,
+        source: &Source,
+        selection: Arc<Matcher>,
+        early: Option<EarlyManifest>,
+    ) -> Result<(), Error> {
         let p = self.setup.params.clone();
         let pool = Pool::new(p.send_buffers(), p.block_size as usize);
         self.setup.progress.watch_pool(PoolKind::Blocks, &pool);
@@ -966,11 +1037,41 @@ impl Driver {
         }
         self.start_steering(true);
         self.open_initial_links();
-        let mut walker = Walker::new(source)
-            .selecting(selection)
-            .preserving(p.preserve);
         let mut walking = true;
         let mut contents: HashMap<u64, FileJob> = HashMap::new();
+        let mut walker = match early {
+            None => Walker::new(source)
+                .selecting(selection)
+                .preserving(p.preserve),
+            Some(early) => {
+                // Announced with the request: booked under ids 0.. without sending them
+                // again, then the walk goes on where it stopped.
+                let mut walker = early.walker;
+                if early
+                    .sent
+                    .iter()
+                    .any(|w| w.entry.kind == EntryKind::File && w.entry.size > 0)
+                {
+                    self.manifest_round_trips = 0;
+                }
+                let entries = early.sent.iter().map(|w| w.entry.clone()).collect();
+                let ids = machine.announced_early(entries);
+                for (id, w) in ids.zip(early.sent) {
+                    self.walked(&mut machine, w, Some(id), &mut contents);
+                }
+                for e in early.failures {
+                    self.walk_failed(e);
+                }
+                for w in early.unsent {
+                    self.walked(&mut machine, w, None, &mut contents);
+                }
+                if early.ended {
+                    walking = false;
+                    self.walk_ended(&mut machine, &mut walker);
+                }
+                walker
+            }
+        };
         let mut queued: VecDeque<ReadJob> = VecDeque::new();
         let mut jobs_tx = Some(jobs_tx);
         loop {
@@ -981,37 +1082,10 @@ impl Driver {
                 match walker.next_entry() {
                     None => {
                         walking = false;
-                        let skipped = std::mem::take(&mut walker.skipped);
-                        machine.skipped(skipped.iter().map(|s| s.as_bytes().to_vec()).collect());
-                        self.outcome.skipped.extend(skipped);
-                        for left_out in walker.left_out.drain(..).take(wanxfer_session::MAX_NOTES) {
-                            self.outcome
-                                .notes
-                                .push(format!("not all extended attributes sent: {left_out}"));
-                        }
-                        machine.walk_done();
+                        self.walk_ended(&mut machine, &mut walker);
                     }
-                    Some(Err(e)) => {
-                        self.setup
-                            .progress
-                            .failed_files
-                            .fetch_add(1, Ordering::Relaxed);
-                        self.outcome.failures.push(e);
-                    }
-                    Some(Ok(w)) => {
-                        let progress = &self.setup.progress;
-                        progress
-                            .total_bytes
-                            .fetch_add(w.entry.size, Ordering::Relaxed);
-                        if w.entry.kind != EntryKind::Dir {
-                            progress.total_files.fetch_add(1, Ordering::Relaxed);
-                        }
-                        let id = machine.push_entry(w.entry);
-                        if let Some(mut job) = w.job {
-                            job.id = id;
-                            contents.insert(id, job);
-                        }
-                    }
+                    Some(Err(e)) => self.walk_failed(e),
+                    Some(Ok(w)) => self.walked(&mut machine, w, None, &mut contents),
                 }
             }
             // What the machine wants done.
@@ -1129,6 +1203,52 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// Announces `w` (unless it went out with the request, as `id`) and keeps the job
+    /// that reads it.
+    fn walked(
+        &mut self,
+        machine: &mut SenderMachine,
+        w: Walked,
+        early_id: Option<u64>,
+        contents: &mut HashMap<u64, FileJob>,
+    ) {
+        let progress = &self.setup.progress;
+        progress
+            .total_bytes
+            .fetch_add(w.entry.size, Ordering::Relaxed);
+        if w.entry.kind != EntryKind::Dir {
+            progress.total_files.fetch_add(1, Ordering::Relaxed);
+        }
+        let id = match early_id {
+            Some(id) => id,
+            None => machine.push_entry(w.entry),
+        };
+        if let Some(mut job) = w.job {
+            job.id = id;
+            contents.insert(id, job);
+        }
+    }
+
+    fn walk_failed(&mut self, e: Error) {
+        self.setup
+            .progress
+            .failed_files
+            .fetch_add(1, Ordering::Relaxed);
+        self.outcome.failures.push(e);
+    }
+
+    fn walk_ended(&mut self, machine: &mut SenderMachine, walker: &mut Walker) {
+        let skipped = std::mem::take(&mut walker.skipped);
+        machine.skipped(skipped.iter().map(|s| s.as_bytes().to_vec()).collect());
+        self.outcome.skipped.extend(skipped);
+        for left_out in walker.left_out.drain(..).take(wanxfer_session::MAX_NOTES) {
+            self.outcome
+                .notes
+                .push(format!("not all extended attributes sent: {left_out}"));
+        }
+        machine.walk_done();
     }
 
     fn sender_event(&mut self, machine: &mut SenderMachine, event: Event) -> Result<(), Error> {

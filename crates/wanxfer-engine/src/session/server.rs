@@ -189,6 +189,9 @@ impl ServerLimits {
 struct Entry {
     auth: Authenticated,
     events: Events,
+    /// A pipelined session this side receives (`features::PIPELINE`): a join is not
+    /// answered, as the client's blocks follow it at once.
+    silent_joins: bool,
 }
 
 /// A session's transfer, so that a newer session of the same transfer (the client
@@ -771,9 +774,9 @@ impl Connection {
                     &join.proof,
                 )
             })
-            .map(|e| e.events.clone());
+            .map(|e| (e.events.clone(), e.silent_joins));
         drop(sessions);
-        let Some(events) = found else {
+        let Some((events, silent)) = found else {
             Self::refuse(
                 &mut stream,
                 FailureClass::Auth,
@@ -785,12 +788,14 @@ impl Connection {
                 detail: "data channel with an unknown session or a bad proof".into(),
             });
         };
-        conn::write_all_by(
-            &mut stream,
-            &conn::frames(&[&Message::ChannelAccepted { index: join.index }]),
-            deadline,
-            &self.peer,
-        )?;
+        if !silent {
+            conn::write_all_by(
+                &mut stream,
+                &conn::frames(&[&Message::ChannelAccepted { index: join.index }]),
+                deadline,
+                &self.peer,
+            )?;
+        }
         self.ticket.release();
         let _ = stream.set_read_timeout(None);
         let _ = stream.set_write_timeout(None);
@@ -1204,6 +1209,13 @@ impl Connection {
             disk_threads: if receiving { l.writers } else { l.readers } as u32,
         };
         let mut accepted = negotiate::clamp(request, &limits, session_id, wire_placement);
+        let pipelined = receiving && auth.negotiated() & features::PIPELINE != 0;
+        if pipelined {
+            // The entries the client may have sent behind its request must fit.
+            accepted.window = accepted
+                .window
+                .max(request.window.min(wanxfer_proto::MAX_PIPELINED_ENTRIES));
+        }
         // What this side cannot or will not keep is not asked of the sender; the client
         // learns of it from the answer, and why from this side's note.
         let owner_group = session_flags::PRESERVE_OWNER | session_flags::PRESERVE_GROUP;
@@ -1257,6 +1269,7 @@ impl Connection {
                 Entry {
                     auth,
                     events: events.0.clone(),
+                    silent_joins: pipelined && request.transport != TransportKind::Fabric,
                 },
             );
         let _registered = Registered(&shared.registry, session_id);
@@ -1406,7 +1419,7 @@ impl Connection {
         };
         let driver = Driver::new(setup, &stream, events)?;
         let outcome = match (role, sink) {
-            (Role::Send(source, selection), _) => driver.send(&source, selection),
+            (Role::Send(source, selection), _) => driver.send(&source, selection, None),
             (_, Some(sink)) => driver.receive(sink),
             _ => Err(Error::Internal("a session with no role".into())),
         };
