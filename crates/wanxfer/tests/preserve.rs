@@ -496,3 +496,202 @@ fn sparse_files_keep_their_holes_pushed_and_pulled_and_only_data_travels() {
     );
     assert!(allocated(&dense.join("sparse.img")) >= SPARSE_SIZE);
 }
+
+/// Issue 20 (--preserve hardlinks): one file with three names in two directories
+/// (`a/one`, `a/two`, `b/three`, written in that order) and an unrelated file
+/// (`b/other`); the bytes a transfer moves if the linked file's data travels once.
+fn make_linked(at: &Path) -> u64 {
+    fs::create_dir_all(at.join("a")).unwrap();
+    fs::create_dir_all(at.join("b")).unwrap();
+    write_pattern(&at.join("a/one"), LINKED_SIZE, 11);
+    fs::hard_link(at.join("a/one"), at.join("a/two")).unwrap();
+    fs::hard_link(at.join("a/one"), at.join("b/three")).unwrap();
+    write_pattern(&at.join("b/other"), 70_000, 12);
+    LINKED_SIZE + 70_000
+}
+
+const LINKED_SIZE: u64 = 3 << 20;
+const LINKED_NAMES: [&str; 3] = ["a/one", "a/two", "b/three"];
+
+/// The inode and link count of each of the three names of [`make_linked`]'s file
+/// under `at`.
+fn inodes(at: &Path) -> Vec<(u64, u64)> {
+    LINKED_NAMES
+        .iter()
+        .map(|name| {
+            let meta = fs::metadata(at.join(name)).unwrap();
+            (meta.ino(), meta.nlink())
+        })
+        .collect()
+}
+
+#[track_caller]
+fn assert_linked(at: &Path, run: &Run) {
+    let got = inodes(at);
+    assert!(
+        got.iter()
+            .all(|&(ino, nlink)| ino == got[0].0 && nlink == 3),
+        "{got:?} under {}: {run:#?}",
+        at.display()
+    );
+    assert_eq!(fs::metadata(at.join("b/other")).unwrap().nlink(), 1);
+}
+
+#[track_caller]
+fn assert_not_linked(at: &Path) {
+    let got = inodes(at);
+    assert!(got.iter().all(|&(_, nlink)| nlink == 1), "{got:?}");
+}
+
+#[test]
+fn hard_links_land_as_links_pushed_and_pulled_and_their_data_travels_once() {
+    let site = Site::new();
+    let src = site.path("src/data");
+    let once = make_linked(&src);
+    // Within a KiB of one copy of the data: the two other names move nothing.
+    let assert_once = |run: &Run| {
+        let bytes = run.json()["bytes"].as_u64().unwrap();
+        assert!(once <= bytes && bytes < once + 1024, "{bytes}: {run:#?}");
+    };
+
+    let run = cp(args(
+        &["--preserve", "hardlinks", "--json"],
+        &src,
+        site.server.url("pushed"),
+    ));
+    run.assert_ok();
+    let pushed = site.root().join("pushed");
+    assert_same_tree(&src, &pushed, false);
+    assert_linked(&pushed, &run);
+    assert_once(&run);
+
+    let pulled = site.path("pulled");
+    let run = cp(args(&["-a", "--json"], site.server.url("pushed"), &pulled));
+    run.assert_ok();
+    assert_same_tree(&src, &pulled, false);
+    assert_linked(&pulled, &run);
+    assert_once(&run);
+
+    // Again: everything is in place, links included.
+    let run = cp(args(
+        &["--preserve", "hardlinks", "--json"],
+        &src,
+        site.server.url("pushed"),
+    ));
+    run.assert_ok();
+    assert_eq!(run.json()["bytes"], 0, "{run:#?}");
+    assert_linked(&pushed, &run);
+
+    // Without it, each name is a file of its own, and its data travels three times.
+    let plain = site.root().join("plain");
+    let run = cp(args(&["--json"], &src, site.server.url("plain")));
+    run.assert_ok();
+    assert_same_tree(&src, &plain, false);
+    assert_not_linked(&plain);
+    assert_eq!(run.json()["bytes"], once + 2 * LINKED_SIZE, "{run:#?}");
+    // ... and asked for later, the independent copies in place become links (each
+    // replaced in one step), with no data sent.
+    let run = cp(args(
+        &["--preserve", "hardlinks", "--json"],
+        &src,
+        site.server.url("plain"),
+    ));
+    run.assert_ok();
+    assert_same_tree(&src, &plain, false);
+    assert_linked(&plain, &run);
+    assert_eq!(run.json()["bytes"], 0, "{run:#?}");
+    assert!(
+        temp_files(site.root()).is_empty(),
+        "{:?}",
+        temp_files(site.root())
+    );
+}
+
+#[test]
+fn a_dry_run_lists_the_other_names_of_a_file_as_links_to_its_first() {
+    let site = Site::new();
+    let src = site.path("src/data");
+    let once = make_linked(&src);
+    let run = cp(args(
+        &["--dry-run", "--preserve", "hardlinks", "--json"],
+        &src,
+        site.server.url("x"),
+    ));
+    run.assert_ok();
+    let listed = run.json();
+    let links: Vec<&serde_json::Value> = listed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "hardlink")
+        .collect();
+    assert_eq!(links.len(), 2, "{listed:#}");
+    let first = links[0]["link_to"].as_str().unwrap();
+    assert!(links.iter().all(|l| l["link_to"] == first), "{listed:#}");
+    let names: Vec<String> = LINKED_NAMES.iter().map(|n| format!("data/{n}")).collect();
+    assert!(names.iter().any(|n| n == first), "{listed:#}");
+    assert_eq!(listed["files"], 4);
+    assert_eq!(listed["bytes"], once, "{listed:#}");
+    // As text, rsync's way: `name => first name`.
+    let run = cp(args(
+        &["--dry-run", "--preserve", "hardlinks"],
+        &src,
+        site.server.url("x"),
+    ));
+    run.assert_ok();
+    let arrows = run
+        .stdout
+        .lines()
+        .filter(|l| l.ends_with(&format!(" => {first}")));
+    assert_eq!(arrows.count(), 2, "{}", run.stdout);
+    // Without it, they are files.
+    let run = cp(args(&["--dry-run", "--json"], &src, site.server.url("x")));
+    assert_eq!(run.assert_ok().json()["bytes"], once + 2 * LINKED_SIZE);
+}
+
+/// Issue 20 (--preserve hardlinks): a push killed while the linked file's data is on its
+/// way finishes on a re-run with the file's names linked.
+#[test]
+fn an_interrupted_push_of_hard_links_finishes_with_the_links_in_place() {
+    let site = Site::new();
+    let src = site.path("src/data");
+    fs::create_dir_all(src.join("a")).unwrap();
+    fs::create_dir_all(src.join("b")).unwrap();
+    write_pattern(&src.join("a/one"), 24 << 20, 13);
+    fs::hard_link(src.join("a/one"), src.join("a/two")).unwrap();
+    fs::hard_link(src.join("a/one"), src.join("b/three")).unwrap();
+    write_pattern(&src.join("b/other"), 70_000, 14);
+    // Paced (40 Mbit/s: about 5 s) so that the kill lands while the data moves.
+    let args = args(
+        &[
+            "--preserve",
+            "hardlinks",
+            "--json",
+            "--rate",
+            "40M",
+            "--retries",
+            "0",
+        ],
+        &src,
+        site.server.url("pushed"),
+    );
+    let mut client = cp_command(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pushed = site.root().join("pushed");
+    wait_for(
+        "the file's data to start landing",
+        std::time::Duration::from_secs(60),
+        || !temp_files(site.root()).is_empty() || pushed.join("a/one").exists(),
+    );
+    client.kill().unwrap();
+    let _ = client.wait();
+    assert!(!pushed.join("b/three").exists(), "the transfer ended first");
+    let run = cp(&args);
+    run.assert_ok();
+    assert_same_tree(&src, &pushed, false);
+    assert_linked(&pushed, &run);
+    assert!(temp_files(site.root()).is_empty());
+}
