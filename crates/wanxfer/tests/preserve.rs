@@ -12,6 +12,7 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 use rustix::fs::XattrFlags;
@@ -683,7 +684,7 @@ fn an_interrupted_push_of_hard_links_finishes_with_the_links_in_place() {
     let pushed = site.root().join("pushed");
     wait_for(
         "the file's data to start landing",
-        std::time::Duration::from_secs(60),
+        Duration::from_secs(60),
         || !temp_files(site.root()).is_empty() || pushed.join("a/one").exists(),
     );
     client.kill().unwrap();
@@ -693,5 +694,99 @@ fn an_interrupted_push_of_hard_links_finishes_with_the_links_in_place() {
     run.assert_ok();
     assert_same_tree(&src, &pushed, false);
     assert_linked(&pushed, &run);
+    assert!(temp_files(site.root()).is_empty());
+}
+
+/// A 256 MiB file holding eight 2 MiB data extents spread over it (the last at its very
+/// end); `None` (skipped, with a note) where the file system does not keep holes.
+fn make_big_sparse(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    const EXTENT: usize = 2 << 20;
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let f = fs::File::create(path).unwrap();
+    f.set_len(BIG_SPARSE_SIZE).unwrap();
+    let step = BIG_SPARSE_SIZE / 8;
+    for i in 0..8u64 {
+        let at = i * step + step - EXTENT as u64;
+        f.write_all_at(&pattern_bytes(EXTENT, i as usize + 1), at)
+            .unwrap();
+    }
+    let data = 8 * EXTENT as u64;
+    if allocated(path) > 2 * data {
+        eprintln!("skipped: {} keeps no holes", path.display());
+        return None;
+    }
+    Some(data)
+}
+
+const BIG_SPARSE_SIZE: u64 = 256 << 20;
+
+/// Issue 20 (--preserve sparse): an interrupted push of a sparse file resumes from what
+/// the receiver kept, and lands identical and still sparse; the re-run sends only the
+/// data that had not arrived, never the holes.
+#[test]
+fn an_interrupted_sparse_push_resumes_with_only_the_missing_data_and_stays_sparse() {
+    let site = Site::new();
+    let src = site.path("src/big.img");
+    let Some(data) = make_big_sparse(&src) else {
+        return;
+    };
+    let dest = site.root().join("big.img");
+    // Paced (40 Mbit/s: the data takes about 3.4 s) so that the kill lands part way.
+    let args = args(
+        &[
+            "--preserve",
+            "sparse",
+            "--json",
+            "--rate",
+            "40M",
+            "--retries",
+            "0",
+        ],
+        &src,
+        site.server.url("big.img"),
+    );
+    let mut client = cp_command(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Killed once the server's temporary holds some of the data, but not all of it.
+    let part_way = || {
+        temp_files(site.root())
+            .iter()
+            .any(|t| fs::metadata(t).is_ok_and(|m| m.blocks() * 512 >= 4 << 20))
+    };
+    wait_for("part of the data to land", Duration::from_secs(60), || {
+        part_way() || dest.exists()
+    });
+    client.kill().unwrap();
+    let _ = client.wait();
+    assert!(!dest.exists(), "the transfer ended before the kill");
+    wait_for(
+        "the server to keep the partial file",
+        Duration::from_secs(60),
+        || site.server.log().contains("partial files kept"),
+    );
+    let kept = temp_files(site.root());
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    // Only data was written, and the holes stayed holes in the partial file too.
+    assert!(allocated(Path::new(&kept[0])) < data, "{kept:?}");
+
+    let run = cp(&args);
+    let json = run.assert_ok().json();
+    let (sent, held) = (
+        json["bytes"].as_u64().unwrap(),
+        json["bytes_skipped"].as_u64().unwrap(),
+    );
+    assert!(held > 0 && sent < data, "{json}");
+    // What was held plus what was sent is the data, once: no hole travelled.
+    assert_eq!(sent + held, data, "{json}");
+    assert_eq!(node(&src), node(&dest), "content, size, mode and mtime");
+    assert!(
+        allocated(&dest) < 2 * data,
+        "{} allocated",
+        allocated(&dest)
+    );
     assert!(temp_files(site.root()).is_empty());
 }
