@@ -790,3 +790,44 @@ fn an_interrupted_sparse_push_resumes_with_only_the_missing_data_and_stays_spars
     );
     assert!(temp_files(site.root()).is_empty());
 }
+
+/// Issue 20 (--preserve hardlinks): where the destination cannot link a name (here its
+/// directory is another file system, so `link` fails with EXDEV), the name gets a copy
+/// of the data and the transfer says so once. Needs root to mount; skips otherwise.
+#[test]
+fn a_name_the_destination_cannot_link_is_copied_with_a_note() {
+    let site = Site::new();
+    let src = site.path("src/data");
+    make_linked(&src);
+    let landed = site.root().join("pushed/data");
+    fs::create_dir_all(landed.join("b")).unwrap();
+    let Some(_other_fs) = Mount::new(landed.join("b"), "tmpfs", "size=16m") else {
+        return;
+    };
+    let run = cp(args(
+        &["--preserve", "hardlinks", "--json"],
+        &src,
+        site.server.url("pushed"),
+    ));
+    let json = run.assert_ok().json();
+    assert_same_tree(&src, &landed, false);
+    // Which name is first depends on the source directory's order: a/one and a/two
+    // are linked when an a/ name is (b/three then a copy), copies both otherwise.
+    let got = inodes(&landed);
+    assert_eq!(got[2].1, 1, "b/three alone: {got:?}");
+    assert!(
+        got[0] == (got[1].0, 2) || (got[0].1 == 1 && got[1].1 == 1),
+        "{got:?}"
+    );
+    let notes = json["notes"].to_string();
+    assert!(notes.contains("hard links not kept"), "{json}");
+    assert_eq!(
+        json["notes"].as_array().map(Vec::len),
+        Some(1),
+        "once: {json}"
+    );
+    assert!(
+        !notes.contains(&site.root().display().to_string()),
+        "{notes}"
+    );
+}
