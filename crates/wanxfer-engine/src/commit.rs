@@ -34,6 +34,7 @@ use wanxfer_proto::{EntryMeta, HeldRange};
 use wanxfer_session::journal::Record;
 
 use crate::fs::{self, TempFile};
+use crate::links::{Link, Links};
 use crate::preserve::{self, Notes, Preserve};
 use crate::session::state::JournalFile;
 use crate::Error;
@@ -69,6 +70,8 @@ pub struct Complete {
 enum Job {
     Commit(Complete),
     Symlink(u64, Symlink),
+    /// Another name of the file in place at this path (`--preserve hardlinks`).
+    Link(Link, wanxfer_proto::RelPath),
     /// These ranges of a partial file are verified; journal them once they are durable.
     Checkpoint {
         file: u32,
@@ -87,17 +90,29 @@ pub struct Committer {
 }
 
 impl Committer {
-    /// `keep` is what the session preserves, and where to note what cannot be.
+    /// `keep` is what the session preserves, and where to note what cannot be; `links`
+    /// the names waiting for files this commits (`--preserve hardlinks`), which it links
+    /// in the same batch.
     pub fn start(
         durable: bool,
         journal: Option<Arc<JournalFile>>,
         report: Report,
         keep: (Preserve, Arc<Notes>),
+        links: Option<Arc<Links>>,
     ) -> Result<Committer, Error> {
         let (tx, rx) = crossbeam_channel::bounded(QUEUE);
         let thread = std::thread::Builder::new()
             .name("wanxfer-commit".into())
-            .spawn(move || run(&rx, durable, journal.as_deref(), &report, &keep))
+            .spawn(move || {
+                let ends = Ends {
+                    durable,
+                    journal: journal.as_deref(),
+                    report: &report,
+                    keep: &keep,
+                    links: links.as_deref(),
+                };
+                run(&rx, &ends)
+            })
             .map_err(|e| Error::local("start thread", "committer", e))?;
         Ok(Committer {
             queue: std::sync::Mutex::new(Some(tx)),
@@ -125,6 +140,11 @@ impl Committer {
     /// A symlink, put in place with the batch (its name durable with the batch's names).
     pub fn symlink(&self, id: u64, link: Symlink) -> Result<(), Error> {
         self.send(Job::Symlink(id, link))
+    }
+
+    /// Another name of the file in place at `target`, linked with the batch.
+    pub fn link(&self, link: Link, target: wanxfer_proto::RelPath) -> Result<(), Error> {
+        self.send(Job::Link(link, target))
     }
 
     fn send(&self, job: Job) -> Result<(), Error> {
@@ -166,13 +186,22 @@ pub struct Symlink {
     pub meta: Option<Box<EntryMeta>>,
 }
 
-fn run(
-    rx: &Receiver<Job>,
+/// What the committing thread works with.
+struct Ends<'a> {
     durable: bool,
-    journal: Option<&JournalFile>,
-    report: &Report,
-    keep: &(Preserve, Arc<Notes>),
-) {
+    journal: Option<&'a JournalFile>,
+    report: &'a Report,
+    keep: &'a (Preserve, Arc<Notes>),
+    links: Option<&'a Links>,
+}
+
+fn run(rx: &Receiver<Job>, ends: &Ends<'_>) {
+    let Ends {
+        durable,
+        journal,
+        report,
+        ..
+    } = *ends;
     // A batch whose names are made but not yet durable. Its sync is the next batch's
     // first: one `syncfs` makes this batch's names and the next batch's data durable
     // together, which halves the journal commits of a tree of small files.
@@ -191,7 +220,7 @@ fn run(
         };
         let Some(first) = first else { break };
         let batch = gather(first, rx, durable);
-        named = flush(batch, named, durable, journal, report, keep);
+        named = flush(batch, named, ends);
     }
     settle(named, journal, report);
 }
@@ -247,19 +276,21 @@ fn sync_all(fds: &[OwnedFd]) -> Result<(), std::io::Error> {
 /// Makes `batch`'s data durable together with `previous`'s names (acknowledging those),
 /// then gives `batch` its names; returns it for the next sync. Without `durable` every
 /// file is placed and acknowledged at once.
-fn flush(
-    batch: Vec<Job>,
-    previous: Option<Named>,
-    durable: bool,
-    journal: Option<&JournalFile>,
-    report: &Report,
-    (preserve, notes): &(Preserve, Arc<Notes>),
-) -> Option<Named> {
+fn flush(batch: Vec<Job>, previous: Option<Named>, ends: &Ends<'_>) -> Option<Named> {
+    let Ends {
+        durable,
+        journal,
+        report,
+        keep: (preserve, notes),
+        links,
+    } = *ends;
     let fds = if durable {
-        let dirs = batch.iter().map(|job| match job {
-            Job::Commit(c) => c.temp.dir(),
-            Job::Symlink(_, link) => link.dir.as_fd(),
-            Job::Checkpoint { temp, .. } => temp.dir(),
+        let dirs = batch.iter().filter_map(|job| match job {
+            Job::Commit(c) => Some(c.temp.dir()),
+            Job::Symlink(_, link) => Some(link.dir.as_fd()),
+            Job::Checkpoint { temp, .. } => Some(temp.dir()),
+            // Beneath the root, on its file system (a link cannot cross to another).
+            Job::Link(..) => links.map(|l| l.root_fd()),
         });
         let previous_dirs = previous
             .iter()
@@ -285,6 +316,10 @@ fn flush(
                 Job::Symlink(id, link) => {
                     report(id, Err(Error::local("sync", &link.shown, clone_io(&e))))
                 }
+                Job::Link(link, _) => report(
+                    link.id,
+                    Err(Error::local("sync", "the destination", clone_io(&e))),
+                ),
                 Job::Checkpoint { .. } => {}
             }
         }
@@ -343,7 +378,22 @@ fn flush(
                 if let Some(file) = journaled {
                     records.push(Record::Closed { file });
                 }
+                // The names waiting for this file, linked in this batch.
+                let settled = links.map(|l| (l, l.settle(id, result.is_ok())));
                 results.push((id, result));
+                if let Some((links, settled)) = settled {
+                    for (link, target) in settled.link {
+                        let linked = links.place(&link, &target, durable, ends.keep);
+                        results.push((link.id, linked));
+                    }
+                    results.extend(settled.fail.into_iter().map(|(id, e)| (id, Err(e))));
+                }
+            }
+            Job::Link(link, target) => {
+                let linked = links
+                    .expect("links are queued only by a sink that has them")
+                    .place(&link, &target, durable, ends.keep);
+                results.push((link.id, linked));
             }
         }
     }

@@ -68,6 +68,11 @@ pub struct Meta {
     /// Numeric owner and group (kept by `cp --preserve owner,group`).
     pub uid: u32,
     pub gid: u32,
+    /// Device and inode, and the number of names the inode has (`cp --preserve
+    /// hardlinks` finds a file's other names in a transfer by them).
+    pub dev: u64,
+    pub ino: u64,
+    pub nlink: u64,
 }
 
 impl Root {
@@ -218,6 +223,8 @@ pub fn fd_meta(fd: BorrowedFd<'_>) -> io::Result<Meta> {
     Ok(meta_from_stat(&rustix::fs::fstat(fd)?))
 }
 
+// The casts: `st_dev`, `st_ino` and `st_nlink` are narrower on some architectures.
+#[allow(clippy::unnecessary_cast)]
 fn meta_from_stat(st: &rustix::fs::Stat) -> Meta {
     let kind = match FileType::from_raw_mode(st.st_mode) {
         FileType::RegularFile => Kind::File,
@@ -235,6 +242,9 @@ fn meta_from_stat(st: &rustix::fs::Stat) -> Meta {
         ctime_nsec: st.st_ctime_nsec as u32,
         uid: st.st_uid,
         gid: st.st_gid,
+        dev: st.st_dev as u64,
+        ino: st.st_ino as u64,
+        nlink: st.st_nlink as u64,
     }
 }
 

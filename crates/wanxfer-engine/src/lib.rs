@@ -20,6 +20,7 @@ pub mod digest;
 mod error;
 pub mod fs;
 mod ktls;
+pub mod links;
 pub mod ops;
 pub mod pool;
 pub mod preserve;

@@ -44,6 +44,7 @@ pub struct Preserve {
     pub xattrs: bool,
     pub acls: bool,
     pub sparse: bool,
+    pub hardlinks: bool,
 }
 
 impl Preserve {
@@ -54,6 +55,7 @@ impl Preserve {
         xattrs: true,
         acls: true,
         sparse: true,
+        hardlinks: true,
     };
 
     /// The items of a request's or an answer's session flags.
@@ -64,6 +66,7 @@ impl Preserve {
             xattrs: flags & session_flags::PRESERVE_XATTRS != 0,
             acls: flags & session_flags::PRESERVE_ACLS != 0,
             sparse: flags & session_flags::PRESERVE_SPARSE != 0,
+            hardlinks: flags & session_flags::PRESERVE_HARDLINKS != 0,
         }
     }
 
@@ -75,6 +78,7 @@ impl Preserve {
             (self.xattrs, session_flags::PRESERVE_XATTRS),
             (self.acls, session_flags::PRESERVE_ACLS),
             (self.sparse, session_flags::PRESERVE_SPARSE),
+            (self.hardlinks, session_flags::PRESERVE_HARDLINKS),
         ] {
             if on {
                 flags |= flag;
@@ -109,6 +113,7 @@ impl Preserve {
             (self.xattrs, "xattrs"),
             (self.acls, "acls"),
             (self.sparse, "sparse"),
+            (self.hardlinks, "hardlinks"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
@@ -168,6 +173,7 @@ pub fn read(
         gid: preserve.group.then_some(meta.gid),
         xattrs: Vec::new(),
         data: None,
+        link: None,
     };
     if let (Some(fd), true, Kind::File) = (fd, preserve.sparse, meta.kind) {
         match data_ranges(fd, meta.size) {
@@ -411,13 +417,14 @@ mod tests {
 
     #[test]
     fn flags_round_trip_and_only_kept_names_are_kept() {
-        for bits in 0..32u32 {
+        for bits in 0..64u32 {
             let p = Preserve {
                 owner: bits & 1 != 0,
                 group: bits & 2 != 0,
                 xattrs: bits & 4 != 0,
                 acls: bits & 8 != 0,
                 sparse: bits & 16 != 0,
+                hardlinks: bits & 32 != 0,
             };
             assert_eq!(Preserve::from_flags(p.flags()), p);
         }

@@ -19,7 +19,7 @@
 //! and matching against the destination (a dry run lists what the source side selects,
 //! not what the receiver would skip as up to date).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -30,8 +30,9 @@ use globset::{GlobBuilder, GlobMatcher};
 use wanxfer_proto::ops::{self, NodeKind};
 use wanxfer_proto::{Entry, EntryKind, RelPath, SelectRule, Selection, MAX_PATTERN_BYTES};
 
+use crate::preserve::Preserve;
 use crate::session::{ClientConfig, ClientJob};
-use crate::source::{Source, Walker};
+use crate::source::{Source, Walker, MAX_LINKED_FILES};
 use crate::Error;
 
 /// A [`Selection`] compiled for matching.
@@ -201,10 +202,13 @@ pub fn parse_file_list(list: &[u8], nul: bool) -> Result<Vec<RelPath>, Error> {
 /// a push walks its sources here, as the transfer would; a pull lists its sources on
 /// the server over a remote-operations connection and applies the same selection to
 /// that listing. Unlike the transfer, it does not ask the receiver what it has already.
+/// With `--preserve hardlinks` a push lists another name of a file listed before with
+/// that name (the second argument of `each`); a pull's listing does not say which
+/// names are one file, so there they are listed as files.
 pub fn dry_run(
     cfg: &ClientConfig,
     job: &ClientJob,
-    mut each: impl FnMut(&Entry),
+    mut each: impl FnMut(&Entry, Option<&RelPath>),
 ) -> Result<(), Error> {
     let matcher = Arc::new(Matcher::new(&cfg.selection)?);
     match job {
@@ -212,9 +216,23 @@ pub fn dry_run(
             source: source @ Source::Items(_),
             ..
         } => {
-            let mut walker = Walker::new(source).selecting(matcher);
+            // Only the links: the other items would read every file's attributes.
+            let links = Preserve {
+                hardlinks: cfg.preserve.hardlinks,
+                ..Preserve::default()
+            };
+            let mut walker = Walker::new(source).selecting(matcher).preserving(links);
+            // The first names of files with several, by entry id.
+            let mut first_names: HashMap<u64, RelPath> = HashMap::new();
+            let mut id = 0u64;
             while let Some(walked) = walker.next_entry() {
-                each(&walked?.entry);
+                let walked = walked?;
+                let link = walked.entry.meta.as_ref().and_then(|m| m.link);
+                each(&walked.entry, link.and_then(|l| first_names.get(&l)));
+                if walked.names > 1 && link.is_none() && first_names.len() < MAX_LINKED_FILES {
+                    first_names.insert(id, walked.entry.path.clone());
+                }
+                id += 1;
             }
             Ok(())
         }
@@ -225,7 +243,9 @@ pub fn dry_run(
         } => {
             let mut client = crate::ops::Client::connect(cfg)?;
             for source in sources {
-                list_remote(&mut client, source, &matcher, &mut each)?;
+                list_remote(&mut client, source, &matcher, &mut |entry| {
+                    each(entry, None)
+                })?;
             }
             Ok(())
         }

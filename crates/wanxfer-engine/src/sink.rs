@@ -36,6 +36,7 @@ use wanxfer_session::{Applied, Coverage, Failure};
 
 use crate::commit::{Committer, Complete, Report, Symlink};
 use crate::fs::{self, DirCache, Kind, Root, TempFile, TempStrategy, WriteMode};
+use crate::links::{Link, Links, Ready};
 use crate::pool::Block;
 use crate::preserve::{self, Notes, Preserve};
 use crate::progress::IoUse;
@@ -281,6 +282,8 @@ pub struct Sink {
     report: Report,
     /// What could not be preserved here.
     notes: Arc<Notes>,
+    /// `--preserve hardlinks`: the files other names may link to.
+    links: Option<Arc<Links>>,
 }
 
 impl std::fmt::Debug for Sink {
@@ -307,12 +310,19 @@ impl Sink {
             .as_ref()
             .is_some_and(|(root, _)| limits.write.is_direct_beneath(root.fd()));
         let notes = Arc::new(Notes::default());
+        let links = match &target {
+            Some((root, _)) if limits.preserve.hardlinks => {
+                Some(Arc::new(Links::new(root, transfer_tag, peer.clone())?))
+            }
+            _ => None,
+        };
         let committer = match target {
             Some(_) => Some(Committer::start(
                 limits.durable,
                 journal.clone(),
                 report.clone(),
                 (limits.preserve, notes.clone()),
+                links.clone(),
             )?),
             None => None,
         };
@@ -335,6 +345,7 @@ impl Sink {
             committer,
             report,
             notes,
+            links,
         })
     }
 
@@ -412,10 +423,81 @@ impl Sink {
         let dest = placement
             .map(&entry.path)
             .map_err(|reason| Error::protocol(&self.peer, reason))?;
-        match self.place_entry(root, id, &dest, entry) {
+        if let (Some(links), Some(target)) = (&self.links, link_of(entry)) {
+            return self.place_link(links, id, target, dest, entry);
+        }
+        let links = self
+            .links
+            .as_ref()
+            .filter(|_| entry.kind == EntryKind::File);
+        if let Some(links) = links {
+            // Before it is placed: an empty file is committed (and settled) at once.
+            links.file(id, &dest);
+        }
+        let placed = self.place_entry(root, id, &dest, entry);
+        if let Some(links) = links {
+            match &placed {
+                Ok(Applied::UpToDate) => self.linkable(links, id, true)?,
+                Err(_) => self.linkable(links, id, false)?,
+                _ => {}
+            }
+        }
+        match placed {
             Err(e) if is_fatal(&e) => Err(e),
             placed => Ok(placed),
         }
+    }
+
+    /// Link entry `id` (`--preserve hardlinks`): another name at `dest` of entry
+    /// `target`'s file, linked once that is in place.
+    fn place_link(
+        &self,
+        links: &Links,
+        id: u64,
+        target: u64,
+        dest: RelPath,
+        entry: &Entry,
+    ) -> Result<Result<Applied, Error>, Error> {
+        let link = Link {
+            id,
+            target,
+            dest,
+            mode: entry.mode,
+            mtime_sec: entry.mtime_sec,
+            mtime_nsec: entry.mtime_nsec,
+            meta: entry.meta.clone(),
+        };
+        match links.link(link)? {
+            Ready::Later => Ok(Ok(Applied::Pending)),
+            Ready::Failed(e) => Ok(Err(e)),
+            Ready::Now(link, target) => {
+                if self.limits.compare != Compare::Always && links.same_file(&link.dest, &target) {
+                    return Ok(Ok(Applied::UpToDate));
+                }
+                self.committer
+                    .as_ref()
+                    .expect("a sink with a target commits")
+                    .link(link, target)?;
+                Ok(Ok(Applied::Pending))
+            }
+        }
+    }
+
+    /// File `id` is in place (`placed`) or failed here: the names waiting for it are
+    /// linked, or fail with it, each alone.
+    fn linkable(&self, links: &Links, id: u64, placed: bool) -> Result<(), Error> {
+        let settled = links.settle(id, placed);
+        for (id, error) in settled.fail {
+            (self.report)(id, Err(error));
+        }
+        let committer = self
+            .committer
+            .as_ref()
+            .expect("a sink with a target commits");
+        for (link, target) in settled.link {
+            committer.link(link, target)?;
+        }
+        Ok(())
     }
 
     /// [`Sink::place`], a file failing alone told as the peer hears it.
@@ -426,7 +508,7 @@ impl Sink {
     }
 
     fn discard_entry(&self, id: u64, entry: &Entry) -> Applied {
-        if entry.kind != EntryKind::File || entry.size == 0 {
+        if entry.kind != EntryKind::File || entry.size == 0 || link_of(entry).is_some() {
             return Applied::Done;
         }
         self.insert_slot(id, entry.path.clone(), entry, SlotState::default());
@@ -732,6 +814,10 @@ impl Sink {
     /// Drops a pending file (the sender could not read it, or it failed here), removing
     /// its temporary. Later blocks for it are ignored.
     pub fn abandon(&self, id: u64) {
+        if let Some(links) = &self.links {
+            // Nothing is queued for the committer when a file fails.
+            let _ = self.linkable(links, id, false);
+        }
         self.failed.lock().expect("no panics while held").insert(id);
         if let Some(slot) = self.slots.lock().expect("no panics while held").remove(&id) {
             let mut state = slot.state.lock().expect("no panics while held");
@@ -801,8 +887,12 @@ impl Sink {
             fs::apply_meta(file.as_fd(), slot.mode, slot.mtime_sec, slot.mtime_nsec)
                 .map_err(|e| Error::local("set the metadata of", self.show(&slot.dest), e))
         });
+        let placed = result.is_ok();
         (self.report)(id, result);
-        Ok(())
+        match &self.links {
+            Some(links) => self.linkable(links, id, placed),
+            None => Ok(()),
+        }
     }
 
     /// Copies confirmed ranges of the file in place into a new temporary.
@@ -1267,6 +1357,11 @@ impl Sink {
             })
             .collect()
     }
+}
+
+/// The earlier entry whose file `entry` is another name of (`--preserve hardlinks`).
+fn link_of(entry: &Entry) -> Option<u64> {
+    entry.meta.as_ref().and_then(|m| m.link)
 }
 
 /// The session's view of a per-file error.

@@ -13,7 +13,12 @@
 //! Nothing here follows a symlink: entries are opened by name with `O_NOFOLLOW`, and
 //! files are reopened for reading with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` from the
 //! source's base directory, so a tree served for pulling cannot be used to read outside it.
+//!
+//! With `--preserve hardlinks` the walker remembers the first name it lists of each file
+//! with several names (by device and inode): later names become entries that link to
+//! it and are never read. Names outside the transfer are never looked for.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
@@ -205,6 +210,8 @@ fn show_beneath(top: &str, rel: &RelPath) -> String {
 pub struct Walked {
     pub entry: Entry,
     pub job: Option<FileJob>,
+    /// How many names its file has (1 for anything but a file with hard links).
+    pub names: u64,
 }
 
 struct Frame {
@@ -229,7 +236,15 @@ pub struct Walker {
     preserve: Preserve,
     /// Entries whose attributes could not all be sent (for the report's notes).
     pub left_out: Vec<String>,
+    /// `--preserve hardlinks`: the entry id of the first name listed of each file with
+    /// more than one name, by device and inode.
+    first_names: HashMap<(u64, u64), u64>,
 }
+
+/// Most files with several names whose later names a walker links to the first; the
+/// names of files past it travel as independent files (noted), so that the table stays
+/// bounded (about 48 bytes an entry).
+pub const MAX_LINKED_FILES: usize = 1 << 20;
 
 impl Walker {
     pub fn new(source: &Source) -> Walker {
@@ -247,6 +262,7 @@ impl Walker {
             selection: Arc::default(),
             preserve: Preserve::default(),
             left_out: Vec::new(),
+            first_names: HashMap::new(),
         }
     }
 
@@ -374,10 +390,12 @@ impl Walker {
             meta: None,
         };
         let mut job = None;
+        let mut link = None;
         match meta.kind {
             Kind::File => {
                 entry.size = meta.size;
-                if meta.size > 0 {
+                link = self.first_name(item, &rel, &meta, id);
+                if meta.size > 0 && link.is_none() {
                     job = Some(FileJob {
                         id,
                         size: meta.size,
@@ -418,8 +436,45 @@ impl Walker {
         if !self.preserve.is_empty() {
             entry.meta = self.preserved(item, &base, &entry, &meta);
         }
+        if let Some(first) = link {
+            // Another name of a file listed already: it carries no data of its own.
+            let meta = entry.meta.get_or_insert_with(Box::default);
+            meta.data = None;
+            meta.link = Some(first);
+        }
         self.next_id += 1;
-        Some(Ok(Walked { entry, job }))
+        let names = if meta.kind == Kind::File {
+            meta.nlink
+        } else {
+            1
+        };
+        Some(Ok(Walked { entry, job, names }))
+    }
+
+    /// With `--preserve hardlinks`, the id of the entry that first listed another name
+    /// of file `meta` (which becomes entry `id`), if any.
+    fn first_name(&mut self, item: usize, rel: &RelPath, meta: &Meta, id: u64) -> Option<u64> {
+        if !self.preserve.hardlinks || meta.nlink < 2 {
+            return None;
+        }
+        let full = self.first_names.len() >= MAX_LINKED_FILES;
+        match self.first_names.entry((meta.dev, meta.ino)) {
+            std::collections::hash_map::Entry::Occupied(first) => Some(*first.get()),
+            std::collections::hash_map::Entry::Vacant(_) if full => {
+                if self.left_out.len() < wanxfer_session::MAX_NOTES {
+                    let shown = self.show(item, rel);
+                    self.left_out.push(format!(
+                        "{shown}: more than {MAX_LINKED_FILES} files with several names, so its \
+                         names travel as separate files"
+                    ));
+                }
+                None
+            }
+            std::collections::hash_map::Entry::Vacant(vacant) => {
+                vacant.insert(id);
+                None
+            }
+        }
     }
 
     /// What `cp --preserve` keeps of `entry`: attributes are read through the
@@ -513,6 +568,7 @@ impl Walker {
                 mtime: (0, 0),
                 top: "synthetic source".into(),
             }),
+            names: 1,
         }
     }
 

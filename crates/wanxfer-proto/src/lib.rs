@@ -168,6 +168,13 @@ pub enum DecodeError {
     BadPath { path: String, reason: PathError },
     #[error("invalid value: {0}")]
     Invalid(&'static str),
+    /// A manifest entry is a hard link to an entry it may not link to.
+    #[error("entry {id} is a hard link to entry {target}, which is {reason}")]
+    Link {
+        id: u64,
+        target: u64,
+        reason: &'static str,
+    },
 }
 
 /// First bytes on every connection, so that a port scanner, an HTTP client or an old

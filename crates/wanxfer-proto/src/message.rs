@@ -207,10 +207,18 @@ pub mod session_flags {
     /// Keep holes: entries may list their data ranges ([`crate::EntryMeta::data`]), only
     /// those are sent, and the receiver leaves the rest unallocated.
     pub const PRESERVE_SPARSE: u32 = 1 << 10;
+    /// Keep hard links within the transfer: the second and later names of one source
+    /// inode are entries that link to the first ([`crate::EntryMeta::link`]), whose data
+    /// alone is sent.
+    pub const PRESERVE_HARDLINKS: u32 = 1 << 11;
 
     /// The preserve flags.
-    pub const PRESERVE_ALL: u32 =
-        PRESERVE_OWNER | PRESERVE_GROUP | PRESERVE_XATTRS | PRESERVE_ACLS | PRESERVE_SPARSE;
+    pub const PRESERVE_ALL: u32 = PRESERVE_OWNER
+        | PRESERVE_GROUP
+        | PRESERVE_XATTRS
+        | PRESERVE_ACLS
+        | PRESERVE_SPARSE
+        | PRESERVE_HARDLINKS;
 
     pub const ALL: u32 =
         DISCARD | SYNTHETIC_SOURCE | NO_BLOCK_CHECKSUM | NO_FILE_DIGEST | PRESERVE_ALL;
@@ -364,6 +372,11 @@ pub struct EntryMeta {
     /// within the entry's size, at most [`MAX_DATA_RANGES_PER_ENTRY`]; everything else
     /// of the file is a hole. Empty: the file is all hole.
     pub data: Option<Vec<(u64, u64)>>,
+    /// With [`session_flags::PRESERVE_HARDLINKS`]: this file is another name of the file
+    /// of entry `link`, an earlier entry of the session that is a file and not itself a
+    /// link. No data travels for it (it has no data ranges); the receiver links it to
+    /// that entry's file once that one is in place.
+    pub link: Option<u64>,
 }
 
 impl EntryMeta {
@@ -377,10 +390,15 @@ impl EntryMeta {
                 .map(|(n, v)| 8 + n.len() + v.len())
                 .sum::<usize>()
             + self.data.as_ref().map_or(0, |d| 2 + 16 * d.len())
+            + self.link.map_or(0, |_| 8)
     }
 
     fn is_empty(&self) -> bool {
-        self.uid.is_none() && self.gid.is_none() && self.xattrs.is_empty() && self.data.is_none()
+        self.uid.is_none()
+            && self.gid.is_none()
+            && self.xattrs.is_empty()
+            && self.data.is_none()
+            && self.link.is_none()
     }
 }
 
@@ -824,9 +842,14 @@ impl Message {
             7 => {
                 let first_id = d.u64()?;
                 let n = d.count("manifest entries", MAX_MANIFEST_ENTRIES, ENTRY_MIN_LEN)?;
-                let mut entries = Vec::with_capacity(n);
+                let mut entries: Vec<Entry> = Vec::with_capacity(n);
                 for _ in 0..n {
-                    entries.push(decode_entry(&mut d)?);
+                    let entry = decode_entry(&mut d)?;
+                    let id = first_id.saturating_add(entries.len() as u64);
+                    if let Some(target) = entry.meta.as_ref().and_then(|m| m.link) {
+                        check_link(id, target, first_id, &entries)?;
+                    }
+                    entries.push(entry);
                 }
                 Message::Manifest(Manifest { first_id, entries })
             }
@@ -1170,7 +1193,8 @@ const META_UID: u8 = 1 << 0;
 const META_GID: u8 = 1 << 1;
 const META_XATTRS: u8 = 1 << 2;
 const META_DATA: u8 = 1 << 3;
-const META_ALL: u8 = META_UID | META_GID | META_XATTRS | META_DATA;
+const META_LINK: u8 = 1 << 4;
+const META_ALL: u8 = META_UID | META_GID | META_XATTRS | META_DATA | META_LINK;
 
 fn encode_entry(entry: &Entry, e: &mut Encoder) {
     let kind = match entry.kind {
@@ -1206,6 +1230,9 @@ fn encode_meta(meta: &EntryMeta, e: &mut Encoder) {
     if meta.data.is_some() {
         present |= META_DATA;
     }
+    if meta.link.is_some() {
+        present |= META_LINK;
+    }
     e.u8(present);
     if let Some(uid) = meta.uid {
         e.u32(uid);
@@ -1226,6 +1253,9 @@ fn encode_meta(meta: &EntryMeta, e: &mut Encoder) {
             e.u64(start);
             e.u64(end);
         }
+    }
+    if let Some(link) = meta.link {
+        e.u64(link);
     }
 }
 
@@ -1305,6 +1335,9 @@ fn decode_meta(d: &mut Decoder) -> Result<EntryMeta, DecodeError> {
         }
         meta.data = Some(data);
     }
+    if present & META_LINK != 0 {
+        meta.link = Some(d.u64()?);
+    }
     Ok(meta)
 }
 
@@ -1322,6 +1355,28 @@ pub fn check_xattr_name(name: &[u8]) -> Result<(), DecodeError> {
         return Err(DecodeError::Invalid(
             "an extended attribute other than user.* and the POSIX ACLs, or with NUL",
         ));
+    }
+    Ok(())
+}
+
+/// Entry `id` links to entry `target`: an earlier one, and where this frame holds it, a
+/// file that is not itself a link. (An entry of an earlier frame is checked by the
+/// receiver, which remembers them.)
+fn check_link(id: u64, target: u64, first_id: u64, earlier: &[Entry]) -> Result<(), DecodeError> {
+    let refuse = |reason| Err(DecodeError::Link { id, target, reason });
+    if target >= id {
+        return refuse("not an earlier entry");
+    }
+    if let Some(entry) = target
+        .checked_sub(first_id)
+        .and_then(|i| earlier.get(i as usize))
+    {
+        if entry.kind != EntryKind::File {
+            return refuse("not a file");
+        }
+        if entry.meta.as_ref().is_some_and(|m| m.link.is_some()) {
+            return refuse("itself a link");
+        }
     }
     Ok(())
 }
@@ -1360,6 +1415,11 @@ fn decode_entry(d: &mut Decoder) -> Result<Entry, DecodeError> {
             if data.last().is_some_and(|&(_, end)| end > entry.size) {
                 return Err(DecodeError::Invalid("a data range past the file's size"));
             }
+        }
+        if meta.link.is_some() && (entry.kind != EntryKind::File || meta.data.is_some()) {
+            return Err(DecodeError::Invalid(
+                "a hard link that is not a file, or that lists data ranges",
+            ));
         }
         entry.meta = Some(Box::new(meta));
     }

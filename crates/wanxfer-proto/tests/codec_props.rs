@@ -53,6 +53,7 @@ fn entry_meta() -> impl Strategy<Value = Option<Box<EntryMeta>>> {
                         .map(|(n, v)| (n.into_bytes(), v))
                         .collect(),
                     data: None,
+                    link: None,
                 })
             }),
     )
@@ -911,5 +912,133 @@ fn a_session_status_beyond_its_pools_is_refused() {
         },
     ] {
         assert!(decode_frame(&frame(bad)).is_err(), "{bad:?}");
+    }
+}
+
+/// Entries `0..n` of a manifest starting at `first_id`, entry `i` linking to `links[i]`.
+fn linked_manifest(first_id: u64, links: &[Option<u64>]) -> Vec<u8> {
+    let entries = links
+        .iter()
+        .enumerate()
+        .map(|(i, link)| {
+            let mut e = entry_with(EntryMeta {
+                link: *link,
+                ..EntryMeta::default()
+            });
+            e.path = RelPath::new(format!("f{i}").as_bytes()).unwrap();
+            e.meta = link.is_some().then(|| e.meta.take().unwrap());
+            e
+        })
+        .collect();
+    let mut buf = Vec::new();
+    encode_frame(&Message::Manifest(Manifest { first_id, entries }), &mut buf);
+    buf
+}
+
+proptest! {
+    /// Issue 20 (--preserve hardlinks): a group of names links to the group's first,
+    /// in this frame or an earlier one, and round-trips; every truncation is an error.
+    #[test]
+    fn hard_link_entries_round_trip(
+        first_id in 0u64..1 << 50,
+        back in 0u64..1000,
+        groups in prop::collection::vec(0usize..4, 1..20),
+    ) {
+        let mut links = Vec::new();
+        if back > 0 {
+            // Another name of a file of an earlier frame.
+            links.push(first_id.checked_sub(back));
+        }
+        for extra in groups {
+            let first = first_id + links.len() as u64;
+            links.push(None);
+            links.extend(std::iter::repeat_n(Some(first), extra));
+        }
+        let frame = linked_manifest(first_id, &links);
+        let Ok(Message::Manifest(m)) = decode_frame(&frame) else {
+            panic!("links to earlier files decode");
+        };
+        let got: Vec<Option<u64>> = m.entries.iter().map(|e| e.meta.as_ref().and_then(|m| m.link)).collect();
+        prop_assert_eq!(got, links);
+        for cut in 1..frame.len() - FrameHeader::LEN {
+            prop_assert!(decode_frame(&frame[..frame.len() - cut]).is_err());
+        }
+    }
+}
+
+#[test]
+fn hard_links_only_go_back_to_a_file_that_is_not_a_link() {
+    let link_error = |frame: &[u8]| match decode_frame(frame) {
+        Err(DecodeError::Link { id, target, reason }) => (id, target, reason),
+        other => panic!("{other:?}"),
+    };
+    assert!(decode_frame(&linked_manifest(10, &[None, Some(10), Some(10)])).is_ok());
+    assert!(
+        decode_frame(&linked_manifest(10, &[Some(3), Some(9)])).is_ok(),
+        "earlier frames"
+    );
+    assert_eq!(
+        link_error(&linked_manifest(10, &[Some(10)])),
+        (10, 10, "not an earlier entry"),
+        "itself"
+    );
+    assert_eq!(
+        link_error(&linked_manifest(10, &[None, Some(12), None])),
+        (11, 12, "not an earlier entry"),
+        "a later entry"
+    );
+    assert_eq!(
+        link_error(&linked_manifest(0, &[Some(u64::MAX)])),
+        (0, u64::MAX, "not an earlier entry")
+    );
+    assert_eq!(
+        link_error(&linked_manifest(5, &[None, Some(5), Some(6)])),
+        (7, 6, "itself a link"),
+        "a link to a link"
+    );
+    let mut buf = Vec::new();
+    let mut dir = entry_with(EntryMeta::default());
+    dir.kind = EntryKind::Dir;
+    dir.meta = None;
+    dir.size = 0;
+    let link = entry_with(EntryMeta {
+        link: Some(0),
+        ..EntryMeta::default()
+    });
+    encode_frame(
+        &Message::Manifest(Manifest {
+            first_id: 0,
+            entries: vec![dir, link.clone()],
+        }),
+        &mut buf,
+    );
+    assert_eq!(
+        link_error(&buf),
+        (1, 0, "not a file"),
+        "a link to a directory"
+    );
+    // Only a file links, and a link has no data of its own to list.
+    let mut symlink = link.clone();
+    symlink.kind = EntryKind::Symlink;
+    symlink.link_target = b"x".to_vec();
+    let mut sparse = link;
+    sparse.meta.as_mut().unwrap().data = Some(Vec::new());
+    for bad in [symlink, sparse] {
+        let frame = {
+            let mut buf = Vec::new();
+            encode_frame(
+                &Message::Manifest(Manifest {
+                    first_id: 5,
+                    entries: vec![bad],
+                }),
+                &mut buf,
+            );
+            buf
+        };
+        assert!(
+            matches!(decode_frame(&frame), Err(DecodeError::Invalid(_))),
+            "{:?}",
+            decode_frame(&frame)
+        );
     }
 }

@@ -186,6 +186,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                             (b"system.posix_acl_access".to_vec(), vec![2, 0, 0, 0]),
                         ],
                         data: None,
+                        link: None,
                     })),
                 }],
             }),
@@ -207,6 +208,31 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                         ..EntryMeta::default()
                     })),
                 }],
+            }),
+        ),
+        (
+            "manifest-hardlinks",
+            Message::Manifest(Manifest {
+                first_id: 7,
+                entries: ["a/data", "b/data", "c/data"]
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, name)| Entry {
+                        kind: EntryKind::File,
+                        path: path(name),
+                        size: 4096,
+                        mode: 0o644,
+                        mtime_sec: 1,
+                        mtime_nsec: 0,
+                        link_target: vec![],
+                        meta: (i > 0).then(|| {
+                            Box::new(EntryMeta {
+                                link: Some(7),
+                                ..EntryMeta::default()
+                            })
+                        }),
+                    })
+                    .collect(),
             }),
         ),
         (

@@ -202,13 +202,21 @@ impl SenderMachine {
     fn record(&mut self, entry: Entry) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
-        self.total_bytes += entry.size;
+        // Another name of a file announced already (`--preserve hardlinks`): none of its
+        // data travels, as for a file that is all hole.
+        let link = entry.meta.as_ref().is_some_and(|m| m.link.is_some());
+        if !link {
+            self.total_bytes += entry.size;
+        }
         self.files.insert(
             id,
             SendFile {
                 kind: entry.kind,
                 size: entry.size,
-                data: entry.meta.as_ref().and_then(|m| m.data.clone()),
+                data: match &entry.meta {
+                    Some(m) if m.link.is_some() => Some(Vec::new()),
+                    meta => meta.as_ref().and_then(|m| m.data.clone()),
+                },
                 held: Vec::new(),
                 held_complete: false,
                 verifying: false,

@@ -697,13 +697,15 @@ pub struct CpArgs {
     /// Keep more than mode and mtime (comma-separated, repeatable): owner and group
     /// (numeric ids; only where the receiving side runs as root), xattrs (user.*
     /// attributes; trusted.* and security.* never travel), acls (POSIX ACLs), sparse
-    /// (holes: only data is sent, and holes stay unallocated on the destination). What
-    /// the destination cannot keep is noted once, not failed.
+    /// (holes: only data is sent, and holes stay unallocated on the destination),
+    /// hardlinks (names of one file within the transfer stay names of one file; its
+    /// data is sent once). What the destination cannot keep is noted once, not failed.
     #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
     pub preserve: Vec<PreserveArg>,
-    /// Archive: --preserve owner,group,xattrs,acls,sparse, each where the destination allows
-    /// it (owner and group only where the receiving side runs as root, attributes
-    /// only where its file system has them); modes and mtimes are always kept.
+    /// Archive: --preserve owner,group,xattrs,acls,sparse,hardlinks, each where the
+    /// destination allows it (owner and group only where the receiving side runs as
+    /// root, attributes only where its file system has them, links where it can link);
+    /// modes and mtimes are always kept.
     #[arg(long, short = 'a')]
     pub archive: bool,
     /// --include and --exclude in the order given on the command line (filled in after
@@ -751,6 +753,9 @@ pub enum PreserveArg {
     Acls,
     /// Holes in sparse files: only data ranges are sent, holes stay unallocated.
     Sparse,
+    /// Hard links within the transfer: a file's data is sent once, its other names are
+    /// linked to it (copied where the destination cannot link).
+    Hardlinks,
 }
 
 /// How file bytes are sent.
@@ -1074,6 +1079,7 @@ impl CpArgs {
                 PreserveArg::Xattrs => keep.xattrs = true,
                 PreserveArg::Acls => keep.acls = true,
                 PreserveArg::Sparse => keep.sparse = true,
+                PreserveArg::Hardlinks => keep.hardlinks = true,
             }
         }
         keep

@@ -644,7 +644,8 @@ fn human_rate(bits_per_s: f64) -> String {
 }
 
 /// `cp --dry-run`: what the transfer would move, one entry a line (a directory with a
-/// trailing `/`, a symlink with its target) and a summary line, or with `json` one
+/// trailing `/`, a symlink with its target, another name of a file listed before with
+/// `=> ` and that name, as rsync shows hard links) and a summary line, or with `json` one
 /// object whose `entries` list them. Entries are written as they are listed, so that a
 /// tree of millions is never held in memory; a failure part way still closes the JSON
 /// object, with the error in it.
@@ -661,14 +662,16 @@ pub fn print_dry_run(
     if json {
         let _ = write!(out, "{{\"dry_run\":true,\"entries\":[");
     }
-    let result = wanxfer_engine::select::dry_run(cfg, job, |entry| {
+    let result = wanxfer_engine::select::dry_run(cfg, job, |entry, first_name| {
         let path = String::from_utf8_lossy(entry.path.as_bytes());
-        let (kind, shown) = match entry.kind {
-            EntryKind::Dir => ("dir", format!("{path}/")),
-            EntryKind::Symlink => (
+        let first_name = first_name.map(|p| String::from_utf8_lossy(p.as_bytes()));
+        let (kind, shown) = match (entry.kind, &first_name) {
+            (EntryKind::Dir, _) => ("dir", format!("{path}/")),
+            (EntryKind::Symlink, _) => (
                 "symlink",
                 format!("{path} -> {}", String::from_utf8_lossy(&entry.link_target)),
             ),
+            (_, Some(first)) => ("hardlink", format!("{path} => {first}")),
             _ => ("file", path.to_string()),
         };
         if entry.kind == EntryKind::Dir {
@@ -676,9 +679,15 @@ pub fn print_dry_run(
         } else {
             files += 1;
         }
-        bytes += entry.size;
+        // Another name's data is its first name's: it is not sent again.
+        if first_name.is_none() {
+            bytes += entry.size;
+        }
         if json {
-            let one = serde_json::json!({"path": path, "kind": kind, "size": entry.size});
+            let mut one = serde_json::json!({"path": path, "kind": kind, "size": entry.size});
+            if let Some(first) = &first_name {
+                one["link_to"] = first.as_ref().into();
+            }
             let comma = if files + dirs > 1 { "," } else { "" };
             let _ = write!(out, "{comma}{one}");
         } else {

@@ -13,6 +13,7 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 use rustix::fs::XattrFlags;
@@ -617,4 +618,338 @@ fn sparse_files_keep_their_holes_pushed_and_pulled_and_only_data_travels() {
         "{run:#?}"
     );
     assert!(allocated(&dense.join("sparse.img")) >= SPARSE_SIZE);
+}
+
+/// Issue 20 (--preserve hardlinks): one file with three names in two directories
+/// (`a/one`, `a/two`, `b/three`, written in that order) and an unrelated file
+/// (`b/other`); the bytes a transfer moves if the linked file's data travels once.
+fn make_linked(at: &Path) -> u64 {
+    fs::create_dir_all(at.join("a")).unwrap();
+    fs::create_dir_all(at.join("b")).unwrap();
+    write_pattern(&at.join("a/one"), LINKED_SIZE, 11);
+    fs::hard_link(at.join("a/one"), at.join("a/two")).unwrap();
+    fs::hard_link(at.join("a/one"), at.join("b/three")).unwrap();
+    write_pattern(&at.join("b/other"), 70_000, 12);
+    LINKED_SIZE + 70_000
+}
+
+const LINKED_SIZE: u64 = 3 << 20;
+const LINKED_NAMES: [&str; 3] = ["a/one", "a/two", "b/three"];
+
+/// The inode and link count of each of the three names of [`make_linked`]'s file
+/// under `at`.
+fn inodes(at: &Path) -> Vec<(u64, u64)> {
+    LINKED_NAMES
+        .iter()
+        .map(|name| {
+            let meta = fs::metadata(at.join(name)).unwrap();
+            (meta.ino(), meta.nlink())
+        })
+        .collect()
+}
+
+#[track_caller]
+fn assert_linked(at: &Path, run: &Run) {
+    let got = inodes(at);
+    assert!(
+        got.iter()
+            .all(|&(ino, nlink)| ino == got[0].0 && nlink == 3),
+        "{got:?} under {}: {run:#?}",
+        at.display()
+    );
+    assert_eq!(fs::metadata(at.join("b/other")).unwrap().nlink(), 1);
+}
+
+#[track_caller]
+fn assert_not_linked(at: &Path) {
+    let got = inodes(at);
+    assert!(got.iter().all(|&(_, nlink)| nlink == 1), "{got:?}");
+}
+
+#[test]
+fn hard_links_land_as_links_pushed_and_pulled_and_their_data_travels_once() {
+    let site = Site::new();
+    let src = site.path("src/data");
+    let once = make_linked(&src);
+    // Within a KiB of one copy of the data: the two other names move nothing.
+    let assert_once = |run: &Run| {
+        let bytes = run.json()["bytes"].as_u64().unwrap();
+        assert!(once <= bytes && bytes < once + 1024, "{bytes}: {run:#?}");
+    };
+
+    let run = cp(args(
+        &["--preserve", "hardlinks", "--json"],
+        &src,
+        site.server.url("pushed"),
+    ));
+    run.assert_ok();
+    let pushed = site.root().join("pushed");
+    assert_same_tree(&src, &pushed, false);
+    assert_linked(&pushed, &run);
+    assert_once(&run);
+
+    let pulled = site.path("pulled");
+    let run = cp(args(&["-a", "--json"], site.server.url("pushed"), &pulled));
+    run.assert_ok();
+    assert_same_tree(&src, &pulled, false);
+    assert_linked(&pulled, &run);
+    assert_once(&run);
+
+    // Again: everything is in place, links included.
+    let run = cp(args(
+        &["--preserve", "hardlinks", "--json"],
+        &src,
+        site.server.url("pushed"),
+    ));
+    run.assert_ok();
+    assert_eq!(run.json()["bytes"], 0, "{run:#?}");
+    assert_linked(&pushed, &run);
+
+    // Without it, each name is a file of its own, and its data travels three times.
+    let plain = site.root().join("plain");
+    let run = cp(args(&["--json"], &src, site.server.url("plain")));
+    run.assert_ok();
+    assert_same_tree(&src, &plain, false);
+    assert_not_linked(&plain);
+    assert_eq!(run.json()["bytes"], once + 2 * LINKED_SIZE, "{run:#?}");
+    // ... and asked for later, the independent copies in place become links (each
+    // replaced in one step), with no data sent.
+    let run = cp(args(
+        &["--preserve", "hardlinks", "--json"],
+        &src,
+        site.server.url("plain"),
+    ));
+    run.assert_ok();
+    assert_same_tree(&src, &plain, false);
+    assert_linked(&plain, &run);
+    assert_eq!(run.json()["bytes"], 0, "{run:#?}");
+    assert!(
+        temp_files(site.root()).is_empty(),
+        "{:?}",
+        temp_files(site.root())
+    );
+}
+
+#[test]
+fn a_dry_run_lists_the_other_names_of_a_file_as_links_to_its_first() {
+    let site = Site::new();
+    let src = site.path("src/data");
+    let once = make_linked(&src);
+    let run = cp(args(
+        &["--dry-run", "--preserve", "hardlinks", "--json"],
+        &src,
+        site.server.url("x"),
+    ));
+    run.assert_ok();
+    let listed = run.json();
+    let links: Vec<&serde_json::Value> = listed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "hardlink")
+        .collect();
+    assert_eq!(links.len(), 2, "{listed:#}");
+    let first = links[0]["link_to"].as_str().unwrap();
+    assert!(links.iter().all(|l| l["link_to"] == first), "{listed:#}");
+    let names: Vec<String> = LINKED_NAMES.iter().map(|n| format!("data/{n}")).collect();
+    assert!(names.iter().any(|n| n == first), "{listed:#}");
+    assert_eq!(listed["files"], 4);
+    assert_eq!(listed["bytes"], once, "{listed:#}");
+    // As text, rsync's way: `name => first name`.
+    let run = cp(args(
+        &["--dry-run", "--preserve", "hardlinks"],
+        &src,
+        site.server.url("x"),
+    ));
+    run.assert_ok();
+    let arrows = run
+        .stdout
+        .lines()
+        .filter(|l| l.ends_with(&format!(" => {first}")));
+    assert_eq!(arrows.count(), 2, "{}", run.stdout);
+    // Without it, they are files.
+    let run = cp(args(&["--dry-run", "--json"], &src, site.server.url("x")));
+    assert_eq!(run.assert_ok().json()["bytes"], once + 2 * LINKED_SIZE);
+}
+
+/// Issue 20 (--preserve hardlinks): a push killed while the linked file's data is on its
+/// way finishes on a re-run with the file's names linked.
+#[test]
+fn an_interrupted_push_of_hard_links_finishes_with_the_links_in_place() {
+    let site = Site::new();
+    let src = site.path("src/data");
+    fs::create_dir_all(src.join("a")).unwrap();
+    fs::create_dir_all(src.join("b")).unwrap();
+    write_pattern(&src.join("a/one"), 24 << 20, 13);
+    fs::hard_link(src.join("a/one"), src.join("a/two")).unwrap();
+    fs::hard_link(src.join("a/one"), src.join("b/three")).unwrap();
+    write_pattern(&src.join("b/other"), 70_000, 14);
+    // Paced (40 Mbit/s: about 5 s) so that the kill lands while the data moves.
+    let args = args(
+        &[
+            "--preserve",
+            "hardlinks",
+            "--json",
+            "--rate",
+            "40M",
+            "--retries",
+            "0",
+        ],
+        &src,
+        site.server.url("pushed"),
+    );
+    let mut client = cp_command(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pushed = site.root().join("pushed");
+    wait_for(
+        "the file's data to start landing",
+        Duration::from_secs(60),
+        || !temp_files(site.root()).is_empty() || pushed.join("a/one").exists(),
+    );
+    client.kill().unwrap();
+    let _ = client.wait();
+    assert!(!pushed.join("b/three").exists(), "the transfer ended first");
+    let run = cp(&args);
+    run.assert_ok();
+    assert_same_tree(&src, &pushed, false);
+    assert_linked(&pushed, &run);
+    assert!(temp_files(site.root()).is_empty());
+}
+
+/// A 256 MiB file holding eight 2 MiB data extents spread over it (the last at its very
+/// end); `None` (skipped, with a note) where the file system does not keep holes.
+fn make_big_sparse(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    const EXTENT: usize = 2 << 20;
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let f = fs::File::create(path).unwrap();
+    f.set_len(BIG_SPARSE_SIZE).unwrap();
+    let step = BIG_SPARSE_SIZE / 8;
+    for i in 0..8u64 {
+        let at = i * step + step - EXTENT as u64;
+        f.write_all_at(&pattern_bytes(EXTENT, i as usize + 1), at)
+            .unwrap();
+    }
+    let data = 8 * EXTENT as u64;
+    if allocated(path) > 2 * data {
+        eprintln!("skipped: {} keeps no holes", path.display());
+        return None;
+    }
+    Some(data)
+}
+
+const BIG_SPARSE_SIZE: u64 = 256 << 20;
+
+/// Issue 20 (--preserve sparse): an interrupted push of a sparse file resumes from what
+/// the receiver kept, and lands identical and still sparse; the re-run sends only the
+/// data that had not arrived, never the holes.
+#[test]
+fn an_interrupted_sparse_push_resumes_with_only_the_missing_data_and_stays_sparse() {
+    let site = Site::new();
+    let src = site.path("src/big.img");
+    let Some(data) = make_big_sparse(&src) else {
+        return;
+    };
+    let dest = site.root().join("big.img");
+    // Paced (40 Mbit/s: the data takes about 3.4 s) so that the kill lands part way.
+    let args = args(
+        &[
+            "--preserve",
+            "sparse",
+            "--json",
+            "--rate",
+            "40M",
+            "--retries",
+            "0",
+        ],
+        &src,
+        site.server.url("big.img"),
+    );
+    let mut client = cp_command(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Killed once the server's temporary holds some of the data, but not all of it.
+    let part_way = || {
+        temp_files(site.root())
+            .iter()
+            .any(|t| fs::metadata(t).is_ok_and(|m| m.blocks() * 512 >= 4 << 20))
+    };
+    wait_for("part of the data to land", Duration::from_secs(60), || {
+        part_way() || dest.exists()
+    });
+    client.kill().unwrap();
+    let _ = client.wait();
+    assert!(!dest.exists(), "the transfer ended before the kill");
+    wait_for(
+        "the server to keep the partial file",
+        Duration::from_secs(60),
+        || site.server.log().contains("partial files kept"),
+    );
+    let kept = temp_files(site.root());
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    // Only data was written, and the holes stayed holes in the partial file too.
+    assert!(allocated(Path::new(&kept[0])) < data, "{kept:?}");
+
+    let run = cp(&args);
+    let json = run.assert_ok().json();
+    let (sent, held) = (
+        json["bytes"].as_u64().unwrap(),
+        json["bytes_skipped"].as_u64().unwrap(),
+    );
+    assert!(held > 0 && sent < data, "{json}");
+    // What was held plus what was sent is the data, once: no hole travelled.
+    assert_eq!(sent + held, data, "{json}");
+    assert_eq!(node(&src), node(&dest), "content, size, mode and mtime");
+    assert!(
+        allocated(&dest) < 2 * data,
+        "{} allocated",
+        allocated(&dest)
+    );
+    assert!(temp_files(site.root()).is_empty());
+}
+
+/// Issue 20 (--preserve hardlinks): where the destination cannot link a name (here its
+/// directory is another file system, so `link` fails with EXDEV), the name gets a copy
+/// of the data and the transfer says so once. Needs root to mount; skips otherwise.
+#[test]
+fn a_name_the_destination_cannot_link_is_copied_with_a_note() {
+    let site = Site::new();
+    let src = site.path("src/data");
+    make_linked(&src);
+    let landed = site.root().join("pushed/data");
+    fs::create_dir_all(landed.join("b")).unwrap();
+    let Some(_other_fs) = Mount::new(landed.join("b"), "tmpfs", "size=16m") else {
+        return;
+    };
+    let run = cp(args(
+        &["--preserve", "hardlinks", "--json"],
+        &src,
+        site.server.url("pushed"),
+    ));
+    let json = run.assert_ok().json();
+    assert_same_tree(&src, &landed, false);
+    // Which name is first depends on the source directory's order: a/one and a/two
+    // are linked when an a/ name is (b/three then a copy), copies both otherwise.
+    let got = inodes(&landed);
+    assert_eq!(got[2].1, 1, "b/three alone: {got:?}");
+    assert!(
+        got[0] == (got[1].0, 2) || (got[0].1 == 1 && got[1].1 == 1),
+        "{got:?}"
+    );
+    let notes = json["notes"].to_string();
+    assert!(notes.contains("hard links not kept"), "{json}");
+    assert_eq!(
+        json["notes"].as_array().map(Vec::len),
+        Some(1),
+        "once: {json}"
+    );
+    assert!(
+        !notes.contains(&site.root().display().to_string()),
+        "{notes}"
+    );
 }

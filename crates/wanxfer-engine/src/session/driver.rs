@@ -1215,9 +1215,12 @@ impl Driver {
         contents: &mut HashMap<u64, FileJob>,
     ) {
         let progress = &self.setup.progress;
-        progress
-            .total_bytes
-            .fetch_add(w.entry.size, Ordering::Relaxed);
+        // A hard link's data is its first name's (`--preserve hardlinks`).
+        if w.entry.meta.as_ref().is_none_or(|m| m.link.is_none()) {
+            progress
+                .total_bytes
+                .fetch_add(w.entry.size, Ordering::Relaxed);
+        }
         if w.entry.kind != EntryKind::Dir {
             progress.total_files.fetch_add(1, Ordering::Relaxed);
         }
@@ -1416,9 +1419,13 @@ impl Driver {
                 match work {
                     ReceiverWork::Apply { id, entry } => {
                         let progress = &self.setup.progress;
-                        progress
-                            .total_bytes
-                            .fetch_add(entry.size, Ordering::Relaxed);
+                        // A hard link's data is its first name's (`--preserve hardlinks`).
+                        let data = if entry.meta.as_ref().is_some_and(|m| m.link.is_some()) {
+                            0
+                        } else {
+                            entry.size
+                        };
+                        progress.total_bytes.fetch_add(data, Ordering::Relaxed);
                         if entry.kind != EntryKind::Dir {
                             progress.total_files.fetch_add(1, Ordering::Relaxed);
                         }
@@ -1431,9 +1438,7 @@ impl Driver {
                             }
                         };
                         if applied == Applied::UpToDate {
-                            progress
-                                .bytes_skipped
-                                .fetch_add(entry.size, Ordering::Relaxed);
+                            progress.bytes_skipped.fetch_add(data, Ordering::Relaxed);
                         }
                         machine
                             .applied(id, applied)
