@@ -103,6 +103,9 @@ fn run_script(
         .arg(&script)
         .args(args)
         .env("GFAL_PLUGIN_DIR", plugins)
+        // Its own pinned certificates: the user's known_hosts may pin another
+        // certificate for a loopback port an earlier server used.
+        .env("WANXFER_STATE_DIR", scratch.join("wanxfer-state"))
         .env("WANXFER_SECRET", SECRET)
         .env_remove("WANXFER_SECRET_FILE")
         .output()
