@@ -389,7 +389,8 @@ fn a_destination_not_running_as_root_keeps_the_rest_and_notes_owners_once() {
 }
 
 /// What a copy between two servers is given to keep, at `at`: [`make_sparse`]'s files in
-/// `sparse/`, a file with `user.*` attributes, and as root [`make_tree`] in `owned/`.
+/// `sparse/`, a file with `user.*` attributes and a second name for it, and as root
+/// [`make_tree`] in `owned/`.
 /// `false` (skipped, with a note) where the file system keeps no holes or attributes.
 fn make_tpc_tree(at: &Path) -> bool {
     fs::create_dir_all(at).unwrap();
@@ -400,6 +401,7 @@ fn make_tpc_tree(at: &Path) -> bool {
     write_pattern(&tagged, 3 << 20, 5);
     set_xattr(&tagged, "user.run", b"2026-11-24");
     set_xattr(&tagged, "user.checksum.adler32", b"0a1b2c3d");
+    fs::hard_link(&tagged, at.join("tagged-too.bin")).unwrap();
     if is_root() {
         make_tree(&at.join("owned"));
     }
@@ -454,6 +456,12 @@ fn preserve_between_two_servers_keeps_it_all_and_the_client_moves_no_data() {
         "{run:#?}"
     );
     assert_eq!(allocated(&copy.join("sparse/hole.img")), 0);
+    let inode = |p: &Path| fs::metadata(p).unwrap().ino();
+    assert_eq!(
+        inode(&copy.join("tagged.bin")),
+        inode(&copy.join("tagged-too.bin")),
+        "one file under two names"
+    );
     // Only the data ranges travelled: no 64 MiB of zeros.
     assert!(run.json()["bytes"].as_u64().unwrap() < 32 << 20, "{run:#?}");
     if is_root() {
@@ -473,6 +481,10 @@ fn preserve_between_two_servers_keeps_it_all_and_the_client_moves_no_data() {
     let plain = dest.root().join("plain");
     assert_same_tree(&src, &plain, false);
     assert!(user_xattrs(&plain.join("tagged.bin")).is_empty());
+    assert_ne!(
+        fs::metadata(plain.join("tagged.bin")).unwrap().ino(),
+        fs::metadata(plain.join("tagged-too.bin")).unwrap().ino()
+    );
     assert!(allocated(&plain.join("sparse/sparse.img")) >= SPARSE_SIZE);
     if is_root() {
         assert_not_kept(&plain.join("owned"), 0);
