@@ -109,7 +109,16 @@ fi
 head -c 3000000 /dev/urandom >"$scratch/payload"
 check "cp through the installed server" "$bin" cp -q --secret-file "$scratch/secret" "$scratch/payload" "wanxfer://$addr/copied"
 check "  and the copy is identical" cmp -s "$scratch/payload" "$scratch/served/copied"
-check "  and the transfer log has its record" grep -q '"direction":"push"' "$scratch/transfers.log"
+# The server writes a session's record as the session ends on its side, which may be just
+# after the client, told the transfer is done, has exited: wait for it, boundedly.
+logged() {
+  for _ in $(seq 100); do
+    grep -q '"direction":"push"' "$scratch/transfers.log" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  return 1
+}
+check "  and the transfer log has its record" logged
 kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=
 
 echo "== the installed unit"
