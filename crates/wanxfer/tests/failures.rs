@@ -68,15 +68,11 @@ fn server_vanishing_mid_push_is_a_network_error_and_leaves_no_final_name() {
     fs::write(&dest, OLD).unwrap();
     let root = site.server.root.clone();
 
-    let client = cp_command([
+    let client = spawn_piped(cp_command([
         "--retries=0".as_ref(),
         src.as_os_str(),
         &site.server.url("large.bin"),
-    ])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    ]));
     wait_for(
         "the server's temporary file",
         Duration::from_secs(60),
@@ -107,11 +103,9 @@ fn server_vanishing_mid_pull_is_a_network_error_and_the_rerun_resumes() {
     fs::write(dest_dir.join("large.bin"), OLD).unwrap();
 
     let args = [&site.server.url("large.bin"), dest_dir.as_os_str()];
-    let client = cp_command([&["--retries=0".as_ref()][..], &args[..]].concat())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let client = spawn_piped(cp_command(
+        [&["--retries=0".as_ref()][..], &args[..]].concat(),
+    ));
     wait_for(
         "the client's temporary file",
         Duration::from_secs(60),
@@ -202,11 +196,7 @@ fn a_rerun_takes_over_from_a_session_that_moves_nothing() {
     );
     signal(frozen.id() as i32, "STOP");
     let rerun = finish_within(
-        cp_command([&["--json".as_ref()][..], &args[..]].concat())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+        spawn_piped(cp_command([&["--json".as_ref()][..], &args[..]].concat())),
         Duration::from_secs(300),
     );
     frozen.kill().unwrap();
@@ -242,13 +232,7 @@ fn a_second_copy_of_a_running_command_waits_instead_of_ending_it() {
         src.as_os_str(),
         &site.server.url("data.bin"),
     ];
-    let spawn = || {
-        cp_command(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let spawn = || spawn_piped(cp_command(args));
     let first = spawn();
     wait_for(
         "the server's temporary file",

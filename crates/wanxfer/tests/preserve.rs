@@ -810,11 +810,7 @@ fn an_interrupted_push_of_hard_links_finishes_with_the_links_in_place() {
         &src,
         site.server.url("pushed"),
     );
-    let mut client = cp_command(&args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut client = spawn_piped(cp_command(&args));
     let pushed = site.root().join("pushed");
     wait_for(
         "the file's data to start landing",
@@ -880,11 +876,7 @@ fn an_interrupted_sparse_push_resumes_with_only_the_missing_data_and_stays_spars
         &src,
         site.server.url("big.img"),
     );
-    let mut client = cp_command(&args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut client = spawn_piped(cp_command(&args));
     // Killed once the server's temporary holds some of the data, but not all of it.
     let part_way = || {
         temp_files(site.root())
