@@ -2,7 +2,8 @@
 """Issue 19's fairness target: two wanxfer transfers with no tuning flags, the second
 started --gap seconds after the first, through one wanxfer-emu bottleneck (the issue's
 paths (a) and (b), as bench/tuning.py defines them). Each transfer's rate over time comes
-from its own --progress-json lines (1 s averages); the share of each is its mean rate
+from its own --progress-json lines (1 s averages of what its data sockets delivered,
+`network_bits_per_s`; the block count `bits_per_s` where there is none); the share of each is its mean rate
 over [second start + --after, + --window] divided by the two rates' sum (target: each
 within 20% of an equal share, 0.4 to 0.6), and against half the goodput ceiling.
 
@@ -63,7 +64,12 @@ def run(name, gap, after, window, timeout):
         progress = [p for p in lines if p.get("event") == "progress"]
         if i not in starts or not progress:
             raise benchlib.ToolError(f"path {name}, transfer {i} moved nothing: {err[-300:]}")
-        series.append([{"t_s": starts[i] - t0 + p["t_s"], "bits_per_s": p["bits_per_s"], "streams": p.get("streams"),
+        # The sockets' rate where the client sampled them (`network_bits_per_s`); the
+        # block count (`bits_per_s`) steps by 4 MiB and is kept beside it.
+        series.append([{"t_s": starts[i] - t0 + p["t_s"],
+                        "bits_per_s": p["bits_per_s"] if p.get("network_bits_per_s") is None
+                        else p["network_bits_per_s"],
+                        "block_bits_per_s": p["bits_per_s"], "streams": p.get("streams"),
                         "retransmits": sum(c.get("retransmits") or 0 for c in p.get("channels") or [])}
                        for p in progress])
         # What each controller decided and why, on the emulator's clock.

@@ -63,6 +63,10 @@ pub struct Live {
     pub streams: u16,
     /// Client, TCP: each data channel as its socket last saw it.
     pub channels: Vec<ChannelReport>,
+    /// Client, TCP: bytes the data sockets delivered in all, the ended ones' included
+    /// (`Steer::delivered`): the network's count, where `Progress::bytes` counts whole
+    /// blocks as they are handed to a socket.
+    pub delivered_bytes: Option<u64>,
     /// Client: the tuner's latest decisions, each numbered from 1 in the order made.
     pub decisions: VecDeque<(u64, DecisionReport)>,
     /// How many decisions were made in all (the number of the latest).
@@ -148,6 +152,7 @@ impl Progress {
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         live.streams = 0;
         live.channels.clear();
+        live.delivered_bytes = None;
         live.peer = None;
     }
 
@@ -157,10 +162,16 @@ impl Progress {
     }
 
     /// The client's latest sample of its data channels.
-    pub fn set_live_channels(&self, streams: u16, channels: Vec<ChannelReport>) {
+    pub fn set_live_channels(
+        &self,
+        streams: u16,
+        channels: Vec<ChannelReport>,
+        delivered_bytes: Option<u64>,
+    ) {
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         live.streams = streams;
         live.channels = channels;
+        live.delivered_bytes = delivered_bytes.or(live.delivered_bytes);
     }
 
     /// The tuner decided: kept for watchers, the oldest dropped beyond

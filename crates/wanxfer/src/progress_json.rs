@@ -94,11 +94,19 @@ impl Snapshot {
 /// Turns snapshots into lines, keeping what rates and "new since the last line" need.
 pub struct LineBuilder {
     start: Instant,
-    /// The last snapshot's time, byte count and per-channel bytes.
-    previous: Option<(Instant, u64, BTreeMap<u16, u64>)>,
+    previous: Option<Previous>,
     /// The number of the last decision a queued line carried.
     decisions_reported: u64,
     lines_dropped: u64,
+}
+
+/// What the last line counted, for the next one's rates.
+struct Previous {
+    at: Instant,
+    bytes: u64,
+    channels: BTreeMap<u16, u64>,
+    /// Bytes the sockets delivered, if sampled.
+    delivered: Option<u64>,
 }
 
 /// A built line, and the number of the last decision in it.
@@ -132,15 +140,23 @@ impl LineBuilder {
     /// The line for `snap` taken at `now`; `event` is `progress` or `end`. Rates are over
     /// the time since the previous line (since the start for the first).
     pub fn line(&mut self, now: Instant, snap: &Snapshot, event: &str) -> Line {
-        let (since, bytes_before, channels_before) = match self.previous.take() {
-            Some((at, bytes, channels)) => (at, bytes, channels),
-            None => (self.start, 0, BTreeMap::new()),
+        let first = self.previous.is_none();
+        let (since, bytes_before, channels_before, delivered_before) = match self.previous.take() {
+            Some(p) => (p.at, p.bytes, p.channels, p.delivered),
+            None => (self.start, 0, BTreeMap::new(), None),
         };
         let span = now.saturating_duration_since(since).as_secs_f64();
         let rate = |now: u64, before: u64| {
             (span > 0.0).then(|| (now.saturating_sub(before) as f64 * 8.0 / span).round())
         };
         let bits_per_s = rate(snap.bytes, bytes_before);
+        // The path's rate as the sockets saw it; `bits_per_s` counts whole blocks.
+        // Over a line whose start it knows: the first line's is the command's.
+        let network_bits_per_s = match (snap.live.delivered_bytes, delivered_before) {
+            (Some(now), Some(before)) => rate(now, before),
+            (Some(now), None) if first => rate(now, 0),
+            _ => None,
+        };
         let done = snap.bytes + snap.bytes_skipped;
         let total = snap.total_bytes.max(done);
         let eta_s = match bits_per_s {
@@ -222,6 +238,7 @@ impl LineBuilder {
             "failed_files": snap.failed_files,
             "total_files": snap.total_files.max(snap.files + snap.failed_files),
             "bits_per_s": bits_per_s,
+            "network_bits_per_s": network_bits_per_s,
             "eta_s": eta_s,
             "streams": (live.streams > 0).then_some(live.streams),
             "channels": channels,
@@ -258,11 +275,12 @@ impl LineBuilder {
         if self.lines_dropped > 0 {
             out["lines_dropped"] = self.lines_dropped.into();
         }
-        self.previous = Some((
-            now,
-            snap.bytes,
-            snap.channel_bytes.iter().copied().collect(),
-        ));
+        self.previous = Some(Previous {
+            at: now,
+            bytes: snap.bytes,
+            channels: snap.channel_bytes.iter().copied().collect(),
+            delivered: snap.live.delivered_bytes,
+        });
         Line {
             value: out,
             last_decision: live.decisions_made,
@@ -473,6 +491,10 @@ mod tests {
         assert_eq!(channels[1]["rtt_ms"], 40.5);
         assert_eq!(channels[1]["retransmits"], 3);
         assert!(first.get("peer").is_none() && first.get("fabric").is_none());
+        assert!(
+            first["network_bits_per_s"].is_null(),
+            "no socket sampled yet"
+        );
         // The next line's rates cover only the interval since this one.
         snap.bytes = 1_500_000;
         snap.channel_bytes = vec![(0, 600_000), (1, 900_000)];
@@ -483,6 +505,24 @@ mod tests {
         assert_eq!(second["channels"][0]["bits_per_s"], 0.0);
         assert_eq!(second["channels"][1]["bits_per_s"], 4e6);
         assert_eq!(second["eta_s"], 5.0);
+        assert!(
+            second["network_bits_per_s"].is_null(),
+            "a line whose start the sockets did not see has no network rate"
+        );
+        // The sockets' count, not the blocks handed to them: a block-sized step in
+        // `bytes` does not show in the network rate.
+        snap.live.delivered_bytes = Some(1_400_000);
+        snap.bytes = 5_694_304;
+        let third = b
+            .line(start + Duration::from_secs(3), &snap, "progress")
+            .value;
+        assert!(third["network_bits_per_s"].is_null());
+        snap.live.delivered_bytes = Some(1_900_000);
+        let fourth = b
+            .line(start + Duration::from_secs(4), &snap, "progress")
+            .value;
+        assert_eq!(fourth["network_bits_per_s"], 4e6);
+        assert_eq!(fourth["bits_per_s"], 0.0);
     }
 
     #[test]

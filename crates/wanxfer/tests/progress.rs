@@ -161,6 +161,15 @@ fn a_push_streams_lines_with_channels_and_ends_as_the_summary_does() {
         "{progress:?}"
     );
     assert!(progress.iter().any(|l| l["streams"].as_u64() >= Some(1)));
+    // What the sockets delivered, beside the blocks counted: present once they were
+    // sampled, and never beyond the pacing (with room for TLS and headers, and for a
+    // line that covers a little less than the bytes it counts).
+    let network: Vec<f64> = progress
+        .iter()
+        .filter_map(|l| l["network_bits_per_s"].as_f64())
+        .collect();
+    assert!(network.iter().any(|&r| r > 0.0), "{progress:?}");
+    assert!(network.iter().all(|&r| r <= 2.0 * 40e6), "{network:?}");
     let pools = &progress.last().unwrap()["pools"]["blocks"];
     assert!(pools["capacity"].as_u64().unwrap() > 0, "{pools}");
     // The summary keeps per-channel totals.
@@ -268,6 +277,11 @@ fn a_fabric_push_streams_lines_too() {
     let (progress, end) = split(&lines);
     check_consistent(&progress, end, &summary);
     check_peer(&progress);
+    // No socket of the client's carries the blocks: no network rate is made up.
+    assert!(
+        progress.iter().all(|l| l["network_bits_per_s"].is_null()),
+        "{progress:?}"
+    );
     // The server receives into registered slots: its status shows them.
     assert!(
         progress

@@ -397,6 +397,7 @@ impl Driver {
         progress.set_live_channels(
             u16::try_from(streams).unwrap_or(u16::MAX),
             steer.channel_reports(),
+            steer.delivered(),
         );
         for d in decisions {
             self.setup.progress.push_decision(DecisionReport::from(&d));
