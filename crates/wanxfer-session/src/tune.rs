@@ -33,8 +33,8 @@
 //! then refine by single streams, up then down; hold the best, re-probing one step up
 //! every [`HOLD_EPOCHS`] intervals and at once when goodput at the same count moves by
 //! more than [`PATH_CHANGE`] (the path changed). A loss rate above [`LOSS_BACKOFF`] that
-//! also costs goodput cuts a quarter of the streams at once, without waiting for a
-//! comparison.
+//! also costs goodput, in two readings in a row, cuts a quarter of the streams without
+//! waiting for a comparison.
 //!
 //! Why loss is judged against goodput, and weighed lightly: a loss-based TCP filling a
 //! drop-tail queue retransmits a few percent of its segments while delivering the full
@@ -57,6 +57,19 @@
 //! probe down goes on down only while it scores strictly better, and pacing is kept
 //! only while it removes the loss: below a policer it does; in a queue others fill, it
 //! would hold the transfer at the share it had when it started pacing.
+//!
+//! Why readings are judged against their own noise: through a queue too shallow for the
+//! windows (issue 19's path (a), 1 MB at 2 Gbit/s and 50 ms), one-second readings of one
+//! count swing by ±50% and every one loses 12-29% of its segments. Read at face value,
+//! such readings were path changes (moves of 57-189% "at the same streams", each restarting
+//! the doubling: one transfer went from 2 streams to 11 on the other's probe), costly loss
+//! (another shed to one stream) and won probes, one after the other. So the controller
+//! estimates the spread of its readings (two halves of each, and two readings in a row at
+//! one setting), lengthens readings while they spread more than [`NOISE_TARGET`] (within
+//! [`MEASURE_BOUNDS`]), widens the path-change and loss-cost margins to what is left, and
+//! sheds for loss only when a second reading agrees. After a path change it adds streams
+//! one at a time: more goodput at one count is as often a competitor probing down as
+//! capacity appearing.
 //!
 //! Why pacing: a bottleneck that drops bursts while delivering a steady rate (a policer,
 //! or a queue too shallow for the window's bursts; kissel2013 §3.6) is better served by
@@ -142,6 +155,12 @@ pub const OPEN_PATIENCE: Duration = Duration::from_secs(10);
 /// Goodput growing by at least this fraction of the growth in streams counts as
 /// proportional: the streams found capacity that nobody used.
 pub const LINEAR: f64 = 0.8;
+/// Relative spread of readings (their mean absolute deviation) a reading may have and
+/// still be compared at face value: a noisier path gets longer readings, up to
+/// [`MEASURE_BOUNDS`], and wider margins where that is not enough (see [`Tuner::spread`]).
+pub const NOISE_TARGET: f64 = 0.1;
+/// Weight of each new pair of readings in the spread estimate.
+pub const NOISE_WEIGHT: f64 = 0.25;
 /// Decisions kept for the report; older ones are dropped (a long transfer re-probes
 /// every few seconds).
 pub const MAX_HISTORY: usize = 64;
@@ -334,6 +353,9 @@ pub struct Tuner {
     since: Duration,
     /// Where the measured span of this interval started.
     span_start: Option<Measurement>,
+    /// The first measurement past the middle of this interval: its two halves tell how
+    /// much readings of the path vary, whatever the controller is doing.
+    span_mid: Option<Measurement>,
     last: Option<Measurement>,
     /// The best goodput seen (bits per second) and the lowest RTT: the path's
     /// bandwidth-delay product as measured.
@@ -354,6 +376,14 @@ pub struct Tuner {
     /// The goodput and streams of the reading before this one: what loss is judged
     /// against when no count is held (after streams were shed).
     previous: Option<(f64, u16)>,
+    /// The reading before this one if it ran at the same streams and pacing, and over
+    /// how many seconds: two such readings differ only by the path's noise.
+    same_as_before: Option<(f64, f64)>,
+    /// The last reading lost more than [`LOSS_BACKOFF`] at a cost to goodput.
+    costly_loss: bool,
+    /// The readings' relative spread as it would be over one second (mean absolute
+    /// deviation × √seconds: independent noise averages out as the root of the span).
+    noise: f64,
     pending: VecDeque<Decision>,
     history: VecDeque<Decision>,
     readings: u64,
@@ -397,6 +427,7 @@ impl Tuner {
             rng: seed | 1,
             since: Duration::ZERO,
             span_start: None,
+            span_mid: None,
             last: None,
             peak_goodput: 0.0,
             min_rtt: None,
@@ -407,6 +438,9 @@ impl Tuner {
             pace_step: PACE_STEP,
             unconfirmed: None,
             previous: None,
+            same_as_before: None,
+            costly_loss: false,
+            noise: 0.0,
             pending: VecDeque::new(),
             history: VecDeque::new(),
             readings: 0,
@@ -459,12 +493,14 @@ impl Tuner {
         if previous.is_some_and(|p| m.at < p.at || m.bytes < p.bytes) {
             // Counters that go back are a caller's bug; start the interval again.
             self.span_start = None;
+            self.same_as_before = None;
             return;
         }
         if m.streams != self.current.streams {
             // Channels still opening (or one was lost and is being replaced): an
             // interval with another count than asked for measures nothing useful.
             self.span_start = None;
+            self.same_as_before = None;
             if m.at.saturating_sub(self.since) > OPEN_PATIENCE
                 && m.streams < self.current.streams
                 && m.streams > 0
@@ -481,18 +517,26 @@ impl Tuner {
         }
         let rtt = m.rtt.or(self.min_rtt).unwrap_or(Duration::ZERO);
         let settle = (rtt * SETTLE_RTTS).clamp(SETTLE_BOUNDS.0, SETTLE_BOUNDS.1);
-        let span = (rtt * MEASURE_RTTS).clamp(MEASURE_BOUNDS.0, MEASURE_BOUNDS.1);
+        let span = self.span(rtt);
         let Some(start) = self.span_start else {
             if m.at >= self.since + settle {
                 self.span_start = Some(m);
+                self.span_mid = None;
             }
             return;
         };
         if m.at < start.at + span {
+            if self.span_mid.is_none() && m.at >= start.at + span / 2 {
+                self.span_mid = Some(m);
+            }
             return;
         }
         self.span_start = Some(m);
+        if let Some(mid) = self.span_mid.take() {
+            self.note_halves(&reading(&start, &mid), &reading(&mid, &m), &start, &mid, &m);
+        }
         let reading = reading(&start, &m);
+        self.note_noise(m.at.saturating_sub(start.at), &reading);
         self.readings += 1;
         self.peak_goodput = self.peak_goodput.max(reading.goodput_bits_per_s);
         self.step(m.at, reading);
@@ -521,13 +565,23 @@ impl Tuner {
             .or(self.previous)
             .unwrap_or((self.peak_goodput, n));
         self.previous = Some((r.goodput_bits_per_s, n));
-        let costly = r.goodput_bits_per_s < reference * (1.0 - LOSS_COST);
+        // Beyond what the readings' noise explains (see [`Tuner::spread`]).
+        let costly = r.goodput_bits_per_s < reference * (1.0 - LOSS_COST.max(2.0 * self.spread()));
         // Fewer streams than the reference (a probe down, or the reading just after a
         // shed) deliver less wherever others share the bottleneck, since their streams
         // take the place: that is the probe's answer, not loss to flee from. Only loss
         // at as many streams as the reference or more sheds at once.
         let fewer = n < reference_streams;
-        if r.loss > LOSS_BACKOFF && costly && n > self.cfg.min_streams && !first && !fewer {
+        let lossy = r.loss > LOSS_BACKOFF && costly && !first && !fewer;
+        // One such reading is as often the noise of a shallow queue (through the
+        // emulator's 1 MB buffer at 50 ms, 12-29% loss at any count and readings ±50%):
+        // the next must agree.
+        let confirmed = lossy && std::mem::replace(&mut self.costly_loss, lossy);
+        if !lossy {
+            self.costly_loss = false;
+        }
+        if confirmed && n > self.cfg.min_streams {
+            self.costly_loss = false;
             let shed = (n / 4).max(1);
             if matches!(self.phase, Phase::Pace { step, .. } if step > 0.0) {
                 // The pacing step under way is not what the loss is to be blamed on
@@ -614,6 +668,7 @@ impl Tuner {
             Phase::Pace { step, before } => self.judge_pacing(now, step, before, r),
             Phase::Hold { epochs } => {
                 let may_pace = self.may_pace();
+                let path_change = PATH_CHANGE.max(2.5 * self.spread());
                 let Some(best) = self.best.as_mut() else {
                     self.phase = Phase::Reference { step: 1 };
                     return;
@@ -623,7 +678,7 @@ impl Tuner {
                 // (through the emulator at 50 ms, a full drop-tail queue's readings at one
                 // count ranged over ±35%): a change is acted on when the next reading
                 // confirms it, and until then neither sets the held count's score.
-                let outlier = moved.abs() > PATH_CHANGE;
+                let outlier = moved.abs() > path_change;
                 let confirmed = outlier
                     && self
                         .unconfirmed
@@ -632,7 +687,7 @@ impl Tuner {
                 if outlier && !confirmed {
                     return;
                 }
-                if moved < -PATH_CHANGE && self.pacing.is_some() {
+                if moved < -path_change && self.pacing.is_some() {
                     // Paced and delivering much less: the path slowed under the pacing,
                     // which now only hides how much. Measure afresh, unpaced.
                     self.pacing = None;
@@ -644,7 +699,7 @@ impl Tuner {
                     self.decide(now, streams, Reason::PacingReleased);
                     return;
                 }
-                if moved.abs() > PATH_CHANGE {
+                if moved.abs() > path_change {
                     // A new path may have no policer, or another one.
                     self.pacing_failed = false;
                     self.lossy_steady = 0;
@@ -659,8 +714,12 @@ impl Tuner {
                     self.tried_down = false;
                     let dir = if moved < 0.0 { Dir::Down } else { Dir::Up };
                     // More goodput at the same count: capacity appeared (the path got
-                    // faster, or a competitor left), which doubling may find quickly.
-                    self.startup = dir == Dir::Up;
+                    // faster, or a competitor left), or a competitor is probing down.
+                    // Doubling from here would take the second for the first: through
+                    // the emulator at 50 ms a transfer went from 2 streams to 11 on
+                    // another's probe, and kept them. One stream at a time finds a
+                    // path that really grew as well, a little later.
+                    self.startup = false;
                     self.tried_down = dir == Dir::Down;
                     let step = if dir == Dir::Down { shed_step(n) } else { 1 };
                     if !self.probe(now, dir, step, Reason::PathChanged(moved.abs())) {
@@ -742,6 +801,69 @@ impl Tuner {
                 }
             }
         }
+    }
+
+    /// How long a reading lasts: [`MEASURE_RTTS`] round trips, longer where readings
+    /// spread more than [`NOISE_TARGET`], within [`MEASURE_BOUNDS`].
+    fn span(&self, rtt: Duration) -> Duration {
+        let base = (rtt * MEASURE_RTTS).clamp(MEASURE_BOUNDS.0, MEASURE_BOUNDS.1);
+        let quiet = Duration::from_secs_f64((self.noise / NOISE_TARGET).powi(2).min(3600.0));
+        base.max(quiet.min(MEASURE_BOUNDS.1))
+    }
+
+    /// The relative spread expected of a reading over the current span: what a
+    /// difference between two readings must exceed to mean something.
+    fn spread(&self) -> f64 {
+        let rtt = self.last.and_then(|m| m.rtt).or(self.min_rtt);
+        let seconds = self.span(rtt.unwrap_or(Duration::ZERO)).as_secs_f64();
+        self.noise / seconds.max(1e-3).sqrt()
+    }
+
+    /// Two readings in a row at the same streams and pacing differ by the path's noise
+    /// alone: it sets how far apart readings must be to mean anything. Through a queue
+    /// too shallow for the windows (issue 19's path (a)), one-second readings of one count
+    /// swing by ±50%, which read at face value are path changes, costly loss and won
+    /// probes, one after another.
+    fn note_noise(&mut self, span: Duration, r: &Reading) {
+        let seconds = span.as_secs_f64();
+        let g = r.goodput_bits_per_s;
+        if let Some((before, _)) = self.same_as_before {
+            let mean = 0.5 * (g + before);
+            if mean > 0.0 {
+                // |a − b| of two readings is √2 times either one's deviation.
+                let deviation = ((g - before).abs() / mean / std::f64::consts::SQRT_2).min(1.0);
+                self.mix_noise(deviation * seconds.sqrt());
+            }
+        }
+        self.same_as_before = Some((g, seconds));
+    }
+
+    /// The two halves of one reading differ by the path's noise and whatever the
+    /// streams still settle: a sample of the spread at every reading, probing or not.
+    fn note_halves(
+        &mut self,
+        first: &Reading,
+        second: &Reading,
+        start: &Measurement,
+        mid: &Measurement,
+        end: &Measurement,
+    ) {
+        let (a, b) = (first.goodput_bits_per_s, second.goodput_bits_per_s);
+        let half = 0.5 * end.at.saturating_sub(start.at).as_secs_f64();
+        if a + b <= 0.0 || mid.at <= start.at || end.at <= mid.at {
+            return;
+        }
+        let deviation = ((a - b).abs() / (0.5 * (a + b)) / std::f64::consts::SQRT_2).min(1.0);
+        self.mix_noise(deviation * half.sqrt());
+    }
+
+    /// Each sample counts at most twice the spread known so far (or [`NOISE_TARGET`]):
+    /// one dip, such as a rate that halves once, is not noise, and should not stretch
+    /// the readings that are to confirm it. A path that is noisy throughout raises the
+    /// estimate a quarter at every sample.
+    fn mix_noise(&mut self, sample: f64) {
+        let sample = sample.min((2.0 * self.noise).max(NOISE_TARGET));
+        self.noise = (1.0 - NOISE_WEIGHT) * self.noise + NOISE_WEIGHT * sample;
     }
 
     /// Whether the controller may choose a pacing rate itself.
@@ -915,6 +1037,7 @@ impl Tuner {
         if streams != self.current.streams || pacing_bits_per_s != self.current.pacing_bits_per_s {
             self.since = now;
             self.span_start = None;
+            self.same_as_before = None;
         }
         let decision = Decision {
             at: now,

@@ -184,10 +184,46 @@ fn run(
     noise: f64,
     seed: u64,
 ) {
+    run_noisy(transfers, path, end, Noise::every_tick(noise), seed)
+}
+
+/// Seeded noise on each transfer's goodput: a fraction drawn anew every `hold`. Drawn
+/// every tick it averages out over a reading; held for a second or more it does not, as
+/// through a shallow queue, where a loss burst and its recovery swing whole seconds.
+#[derive(Debug, Clone, Copy)]
+struct Noise {
+    amplitude: f64,
+    hold: Duration,
+}
+
+impl Noise {
+    fn every_tick(amplitude: f64) -> Noise {
+        Noise {
+            amplitude,
+            hold: TICK,
+        }
+    }
+}
+
+fn run_noisy(
+    transfers: &mut [Transfer],
+    path: impl Fn(Duration) -> Path,
+    end: Duration,
+    noise: Noise,
+    seed: u64,
+) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut now = Duration::ZERO;
+    let mut jitter = vec![1.0; transfers.len()];
+    let mut drawn = Duration::ZERO;
     while now < end {
         now += TICK;
+        if now >= drawn + noise.hold || now == TICK {
+            drawn = now;
+            for j in jitter.iter_mut() {
+                *j = 1.0 + noise.amplitude * (rng.random::<f64>() * 2.0 - 1.0);
+            }
+        }
         let active: Vec<usize> = (0..transfers.len())
             .filter(|&i| transfers[i].started < now)
             .collect();
@@ -200,8 +236,7 @@ fn run(
             .collect();
         let shares = path(now).share(&streams);
         for (&i, (goodput, loss)) in active.iter().zip(shares) {
-            let jitter = 1.0 + noise * (rng.random::<f64>() * 2.0 - 1.0);
-            transfers[i].tick(now, goodput * jitter, loss, 0.0);
+            transfers[i].tick(now, goodput * jitter[i], loss, 0.0);
         }
     }
 }
@@ -307,32 +342,105 @@ fn follows_a_rate_that_drops_and_recovers() {
     );
 }
 
-/// Loss beyond [`LOSS_BACKOFF`] that costs goodput (a policer that drops bursts and
-/// delivers 60% once more than 4 streams crowd it) sheds streams at once (after the
-/// first reading, which holds every stream's slow start), and the controller stays
-/// below that.
+/// Loss beyond [`LOSS_BACKOFF`] that costs goodput sheds streams without waiting for a
+/// comparison, once a second reading confirms it: here a policer appears at 20 s under
+/// a transfer holding 3 streams of 400 Mbit/s, dropping 5% and delivering 60% of
+/// 1 Gbit/s once more than 2 streams crowd it. The controller sheds for the loss and
+/// stays below it, where 2 streams deliver 800 Mbit/s cleanly.
 #[test]
 fn backs_off_on_loss_that_costs_goodput() {
-    let mut t = [Transfer::new(config(2), Duration::ZERO)];
-    let path = Path {
-        capacity: G,
-        per_stream: 200.0 * M,
+    let clean = Path::window_limited(G, 400.0 * M);
+    let policed = Path {
         loss_per_stream: 0.0,
-        burst_loss: Some((6, 0.05, 0.6)),
-        shallow: None,
+        burst_loss: Some((2, 0.05, 0.6)),
+        ..clean
     };
-    run(&mut t, |_| path, secs(40), 0.02, 7);
-    let reasons = t[0].reasons();
-    assert!(
-        reasons.iter().any(|r| matches!(r, Reason::Loss(_))),
-        "shed at once: {}",
-        t[0].story()
+    let mut t = [Transfer::new(config(2), Duration::ZERO)];
+    run(
+        &mut t,
+        |now| if now < secs(20) { clean } else { policed },
+        secs(45),
+        0.02,
+        7,
     );
-    assert!(t[0].streams() <= 6, "{}", t[0].story());
+    let story = t[0].story();
+    let shed = t[0]
+        .tuner
+        .history()
+        .find(|d| d.at >= secs(20) && matches!(d.reason, Reason::Loss(_)))
+        .copied();
+    let shed = shed.unwrap_or_else(|| panic!("shed for the loss: {story}"));
     assert!(
-        t[0].mean(secs(30), secs(40)) >= 0.85 * G,
-        "{}",
-        t[0].story()
+        shed.at <= secs(20) + 2 * MEASURE_BOUNDS.1 + SETTLE_BOUNDS.1,
+        "within two readings: {story}"
+    );
+    assert!(t[0].streams() <= 2, "{story}");
+    // More than staying crowded would deliver (0.6 Gbit/s), its probes up and down
+    // included.
+    let late = t[0].mean(secs(35), secs(45));
+    assert!(late >= 0.66 * G, "{late}: {story}");
+}
+
+/// One lossy reading that costs goodput is not enough: through a shallow queue a loss
+/// burst's reading is as often noise. Here a single reading's span at 8 streams loses
+/// 10% at half the rate, then the path is as before: nothing is shed.
+#[test]
+fn one_lossy_reading_sheds_nothing() {
+    let mut tuner = Tuner::new(TuneConfig {
+        min_streams: 1,
+        max_streams: 8,
+        fixed_streams: false,
+        ..config(8)
+    });
+    let mut m = Measurement {
+        streams: 8,
+        rtt: Some(RTT),
+        min_rtt: Some(RTT),
+        ..Measurement::default()
+    };
+    let mut feed = |tuner: &mut Tuner, rate: f64, loss: f64| {
+        m.at += TICK;
+        let bytes = (rate * TICK.as_secs_f64() / 8.0) as u64;
+        m.bytes += bytes;
+        m.segments_sent += bytes / 1448;
+        m.segments_retransmitted += ((bytes / 1448) as f64 * loss) as u64;
+        m.streams = tuner.current().streams;
+        tuner.handle_measurement(m);
+        while tuner.poll_decision().is_some() {}
+    };
+    // At the top of its range the controller holds 8 (every probe down costs).
+    for _ in 0..20 {
+        feed(&mut tuner, G, 0.0);
+    }
+    let readings = tuner.readings();
+    while tuner.readings() == readings {
+        feed(&mut tuner, G, 0.0);
+    }
+    let before = tuner.history().count();
+    let readings = tuner.readings();
+    while tuner.readings() == readings {
+        feed(&mut tuner, G / 2.0, 0.1);
+    }
+    assert!(
+        !tuner
+            .history()
+            .skip(before)
+            .any(|d| matches!(d.reason, Reason::Loss(_))),
+        "one reading shed: {:?}",
+        tuner.history().collect::<Vec<_>>()
+    );
+    // The same again, for two readings in a row: now it sheds.
+    let readings = tuner.readings();
+    while tuner.readings() < readings + 2 {
+        feed(&mut tuner, G / 2.0, 0.1);
+    }
+    assert!(
+        tuner
+            .history()
+            .skip(before)
+            .any(|d| matches!(d.reason, Reason::Loss(_))),
+        "two readings in a row shed: {:?}",
+        tuner.history().collect::<Vec<_>>()
     );
 }
 
@@ -459,18 +567,20 @@ fn two_controllers_share_a_bottleneck_fairly() {
         let per_stream = if seed % 2 == 0 { 200.0 * M } else { G };
         Path::window_limited(G, per_stream)
     };
-    assert_shared_fairly(0..32, (50, 100), 0.03, path, 0.1);
+    assert_shared_fairly(0..32, (50, 100), Noise::every_tick(0.03), path, 0.125, 0.1);
 }
 
 /// Two transfers from 2 streams each, the second started 10 s after the first, over
 /// `path(seed)` for each seed: together they fill it, and 30 s after the second start
-/// at most an eighth of the seeds are beyond 20% of an equal share, `mean_at_most` on
-/// average. `seeds` vary the noise and, offset, each controller's own seed.
+/// at most `missed_at_most` of the seeds (a fraction) are beyond 20% of an equal share,
+/// `mean_at_most` on average. `seeds` vary the noise and, offset, each controller's own
+/// seed.
 fn assert_shared_fairly(
     seeds: std::ops::Range<u64>,
     offsets: (u64, u64),
-    noise: f64,
+    noise: Noise,
     path: impl Fn(u64) -> Path,
+    missed_at_most: f64,
     mean_at_most: f64,
 ) {
     let mut deviations = Vec::new();
@@ -489,7 +599,7 @@ fn assert_shared_fairly(
             transfer(offsets.1, secs(10)),
         ];
         let p = path(seed);
-        run(&mut t, |_| p, secs(50), noise, seed);
+        run_noisy(&mut t, |_| p, secs(50), noise, seed);
         let (a, b) = (t[0].mean(secs(40), secs(50)), t[1].mean(secs(40), secs(50)));
         assert!(a + b >= 0.9 * G, "seed {seed}: together they fill the path");
         let equal = (a + b) / 2.0;
@@ -499,7 +609,7 @@ fn assert_shared_fairly(
     let missed: Vec<_> = deviations.iter().filter(|d| d.1 > 0.2).collect();
     let mean = deviations.iter().map(|d| d.1).sum::<f64>() / deviations.len() as f64;
     assert!(
-        missed.len() <= deviations.len() / 8 && mean <= mean_at_most,
+        missed.len() as f64 <= missed_at_most * deviations.len() as f64 && mean <= mean_at_most,
         "{} of {} runs beyond 20% of an equal share, {mean:.3} on average: {missed:#?}",
         missed.len(),
         deviations.len()
@@ -655,11 +765,19 @@ fn one_reading_off_is_not_a_path_change() {
         tuner.unconfirmed.is_some(),
         "the dip waits for confirmation"
     );
-    feed(&mut tuner, 5, G);
+    // The dip also widened the readings (it is noise until confirmed): the next one
+    // takes as long as it now needs.
+    let readings = tuner.readings();
+    while tuner.readings() == readings {
+        feed(&mut tuner, 1, G);
+    }
     assert!(tuner.unconfirmed.is_none());
     assert!(tuner.best.expect("held").goodput >= 0.95 * G);
     // A change that lasts is confirmed by the next reading.
-    feed(&mut tuner, 10, G / 3.0);
+    let readings = tuner.readings();
+    while tuner.readings() < readings + 2 {
+        feed(&mut tuner, 1, G / 3.0);
+    }
     assert!(
         tuner.best.expect("held").goodput <= 0.5 * G,
         "a lasting change resets the score"
@@ -680,5 +798,30 @@ fn a_competitor_on_a_lossy_full_queue_is_shared_with_not_fled() {
         burst_loss: None,
         shallow: None,
     };
-    assert_shared_fairly(0..16, (7, 70), 0.05, path, 0.15);
+    assert_shared_fairly(0..48, (7, 70), Noise::every_tick(0.05), path, 0.25, 0.15);
+}
+
+/// Issue 19's path (a) as two BBR transfers saw it through the emulator: a 1 MB buffer at
+/// 2 Gbit/s and 50 ms, where streams share per flow, the full queue loses 12-29% of
+/// segments whatever the count, and one transfer's one-second readings swing by up to
+/// ±50% (`bench/runs/fairness-2026-11-24-shared.json`). A stream's worth of share is well
+/// inside that noise, so no controller resolves it in 30 s; what this one must not do is
+/// take a noisy reading for a path change or for loss that costs goodput, and so ratchet
+/// one transfer down. Over 48 seeds, taking every lossy reading at face value left 31
+/// beyond 20% of an equal share (0.26 on average); asking a second reading to confirm,
+/// and readings as long as the noise needs, 19 (0.22).
+#[test]
+fn two_transfers_share_a_shallow_noisy_queue() {
+    let path = |_| Path {
+        capacity: 2.0 * G,
+        per_stream: 2.0 * G,
+        loss_per_stream: 0.0,
+        burst_loss: Some((1, 0.15, 1.0)),
+        shallow: None,
+    };
+    let noise = Noise {
+        amplitude: 0.4,
+        hold: secs(1),
+    };
+    assert_shared_fairly(0..48, (11, 110), noise, path, 0.5, 0.235);
 }
