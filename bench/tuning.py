@@ -46,10 +46,11 @@ TEST_START, the client's when that arrives, and TEST_END reaches the server a on
 plus the bottleneck queue after the client's last write; the recorded `end_skew_s`, server
 end less client end, is RTT plus that queue on the emulated paths and ~0 on loopback.)
 Caveat, against iperf3: its result exchange sends the client's results through the
-bottleneck queue the extra bytes keep full, which a run stopping at N would have drained;
-`queue_wait_s` (skew less RTT, at most the bottleneck's buffer / rate) estimates that
-wait, and the summary also gives the ratio with it taken off (the reading most favourable
-to iperf3). Only this script times iperf3 -n on an emulated path; bench/peers.py's -n runs
+bottleneck queue the extra bytes keep full (a drop there costs a retransmission timeout),
+which a run stopping at N would have drained. So a third run sends 1 KiB on the idle path:
+its wall less its server's end is iperf3's set-up and result exchange with no queue
+(`idle_overhead_s`), and `reached` plus that is the reading most favourable to iperf3,
+which the summary also compares against. Only this script times iperf3 -n on an emulated path; bench/peers.py's -n runs
 are on loopback, where its server must count >= 99% of N.
 """
 import argparse
@@ -254,50 +255,57 @@ def server_reached(intervals, size):
     return None
 
 
+def iperf3_counted(path, parallel, total, timeout):
+    """iperf3 -n `total` with its server's 0.1 s intervals (`-s -i 0.1 -J`, returned by
+    `--get-server-output`): the whole command's wall, the client's end (its last write,
+    client clock), the server's end (TEST_END's arrival, server clock), what the server
+    counted, its intervals and the emulator's report."""
+    right = "iperf3 -s -1 -J -i 0.1 >/dev/null 2>&1"
+    left = timed(f"iperf3 -c {RIGHT} -J -P {parallel} -n {total} --get-server-output")
+    out, report, err = run_path(path, right, left, timeout)
+    wall, out = wall_of(out)
+    try:
+        r = json.loads(out)
+        srv = r["server_output_json"]
+        got = {"wall_s": wall, "client_end_s": r["end"]["sum_sent"]["end"],
+               "server_end_s": srv["end"]["sum_received"]["end"],
+               "server_bytes": srv["end"]["sum_received"]["bytes"],
+               "intervals": [i["sum"] for i in srv["intervals"]], "report": report}
+    except (ValueError, KeyError, TypeError) as e:
+        raise benchlib.ToolError(f"iperf3 -P {parallel} -n {total} --get-server-output: {e}: "
+                                 f"{out[-300:]} {err[-300:]}")
+    if wall is None:
+        raise benchlib.ToolError(f"iperf3 -P {parallel} -n {total}: no wall time: {err[-300:]}")
+    return got
+
+
 def iperf3_exact(path, size, parallel, undelivered, timeout, attempts=3):
     """The whole command of an iperf3 that ended when its server had received `size`:
-    iperf3 sends more than `size` (so the test goes on past the moment), its server
-    reports 0.1 s intervals (`-s -i 0.1 -J`, returned by `--get-server-output`), and the
-    time its count reached `size` is interpolated within its interval. The extra to send
-    is 4 x what the plain run's server lacked at its end (at least size / 2), doubled on
-    each attempt where the server still ended short of `size`."""
+    iperf3 sends more than `size` (so the test goes on past the moment) and the time its
+    server's count reached `size` is interpolated within its 0.1 s interval. The extra to
+    send is 4 x what the plain run's server lacked at its end (at least size / 2), doubled
+    on each attempt where the server still ended short of `size`. A third, 1 KiB run on the
+    idle path times iperf3's own set-up and result exchange where no queue is left to
+    drain: the reading most favourable to iperf3."""
     extra = max(4 * undelivered, size // 2, 8 << 20)
     tried = []
     for _ in range(attempts):
         total = size + extra
-        right = "iperf3 -s -1 -J -i 0.1 >/dev/null 2>&1"
-        left = timed(f"iperf3 -c {RIGHT} -J -P {parallel} -n {total} --get-server-output")
-        out, report, err = run_path(path, right, left, timeout * total / size)
-        wall, out = wall_of(out)
-        try:
-            r = json.loads(out)
-            srv = r["server_output_json"]
-            c_end = r["end"]["sum_sent"]["end"]
-            s_end = srv["end"]["sum_received"]["end"]
-            s_bytes = srv["end"]["sum_received"]["bytes"]
-            intervals = [i["sum"] for i in srv["intervals"]]
-        except (ValueError, KeyError, TypeError) as e:
-            raise benchlib.ToolError(f"iperf3 -P {parallel} -n {total} --get-server-output: {e}: "
-                                     f"{out[-300:]} {err[-300:]}")
-        if wall is None:
-            raise benchlib.ToolError(f"iperf3 -P {parallel} -n {total}: no wall time: {err[-300:]}")
-        summed = sum(i["bytes"] for i in intervals)
+        run = iperf3_counted(path, parallel, total, timeout * total / size)
+        intervals, s_end, c_end = run["intervals"], run["server_end_s"], run["client_end_s"]
         reached = server_reached(intervals, size)
-        tried.append({"sent_bytes": total, "server_bytes": s_bytes})
+        tried.append({"sent_bytes": total, "server_bytes": run["server_bytes"]})
         if reached is None:
             extra *= 2
             continue
         t_n, lo, hi = reached
-        rtt = path["rtt_ms"] / 1e3
-        # The longest a packet can wait in the bottleneck's drop-tail queue: its buffer at
-        # the path's slowest rate.
-        buffer = path["buffer"] if path["buffer"] is not None else \
-            max(1_000_000, int(rate_bps(path["rate"]) * rtt / 8))
-        longest_queue = buffer * 8 / min(r for _, r in schedule(path))
+        idle = iperf3_counted(path, parallel, 1024, timeout)
+        # Command start to the server's test start, and TEST_END's arrival to exit.
+        idle_overhead = idle["wall_s"] - idle["server_end_s"]
         return {
             "sent_bytes": total,
             "attempts": tried,
-            "wall_s": wall,
+            "wall_s": run["wall_s"],
             # Server clock: its test start (TEST_START sent) to the moment its count reached
             # `size`, with the interval that holds it, and to TEST_END's arrival.
             "server_reached_s": t_n,
@@ -305,8 +313,8 @@ def iperf3_exact(path, size, parallel, undelivered, timeout, attempts=3):
             "server_end_s": s_end,
             # Client clock: its test start (TEST_START received) to its last write.
             "client_end_s": c_end,
-            "server_bytes": s_bytes,
-            "server_intervals_bytes": summed,
+            "server_bytes": run["server_bytes"],
+            "server_intervals_bytes": sum(i["bytes"] for i in intervals),
             # The interval where the first data arrived: one RTT after the server's start
             # if TEST_START's trip to the client and the first data's back take one each.
             "server_first_bytes_in_s": next(([i["start"], i["end"]] for i in intervals if i["bytes"] > 0), None),
@@ -314,14 +322,18 @@ def iperf3_exact(path, size, parallel, undelivered, timeout, attempts=3):
             # one-way delay earlier and TEST_END arrives one one-way delay (plus the
             # bottleneck queue it waits in) later, so about RTT + that queue.
             "end_skew_s": s_end - c_end,
-            # The skew less RTT: the queue (and any scheduling delay on this loaded machine),
-            # counted as queue only up to what the bottleneck can hold.
-            "queue_wait_s": min(max(0.0, s_end - c_end - rtt), longest_queue),
+            "skew_less_rtt_s": s_end - c_end - path["rtt_ms"] / 1e3,
             # Everything but the stretch from `size` received to TEST_END received: the
             # set-up, the server's test up to `size`, and its result exchange.
-            "exact_wall_s": wall - (s_end - t_n),
-            "exact_wall_range_s": [wall - (s_end - lo), wall - (s_end - hi)],
-            "emu": emu_summary(report),
+            "exact_wall_s": run["wall_s"] - (s_end - t_n),
+            "exact_wall_range_s": [run["wall_s"] - (s_end - lo), run["wall_s"] - (s_end - hi)],
+            "idle_wall_s": idle["wall_s"],
+            "idle_server_end_s": idle["server_end_s"],
+            "idle_overhead_s": idle_overhead,
+            "overhead_s": run["wall_s"] - s_end,
+            # The same data phase with the idle run's set-up and result exchange.
+            "exact_idle_wall_s": t_n + idle_overhead,
+            "emu": emu_summary(run["report"]),
         }
     raise benchlib.ToolError(f"iperf3 -P {parallel}: the server never counted {size} bytes: {tried}")
 
@@ -498,9 +510,9 @@ def run_paths(a):
                 elif x and "error" not in x:
                     r["exact_wall_s"] = x["exact_wall_s"]
                     # Its result exchange may have waited behind a bottleneck queue that an
-                    # iperf3 stopping at `size` would have drained: without that wait, the
-                    # reading most favourable to iperf3.
-                    r["exact_gbit_per_s_no_queue"] = size * 8 / (x["exact_wall_s"] - x["queue_wait_s"]) / 1e9
+                    # iperf3 stopping at `size` would have drained: with the idle run's set-up
+                    # and exchange where shorter, the reading most favourable to iperf3.
+                    r["exact_gbit_per_s_idle"] = size * 8 / min(x["exact_wall_s"], x["exact_idle_wall_s"]) / 1e9
                 r["exact_gbit_per_s"] = size * 8 / r["exact_wall_s"] / 1e9 if r.get("exact_wall_s") else None
                 start = r.get("cp_start_after_emu_s") or 1.0
                 r["ceiling_gbit_per_s"] = mean_ceiling(path, start, start + r["seconds"]) if spec["steps"] else ceiling
@@ -529,7 +541,7 @@ def run_paths(a):
             # iperf3's old bounds (delivered / wall: lower; asked / wall: upper), kept so
             # records compare. wanxfer's and GridFTP's wall is exact already. A peer with
             # no figure leaves the ratio out rather than crowning another.
-            for key, field in (("exact", "exact_gbit_per_s"), ("exact_no_queue", "exact_gbit_per_s_no_queue"),
+            for key, field in (("exact", "exact_gbit_per_s"), ("exact_idle", "exact_gbit_per_s_idle"),
                                ("wall", "wall_gbit_per_s"), ("upper", "wall_gbit_per_s_asked")):
                 figs = {r["tool"]: r.get(field) or r.get("exact_gbit_per_s") for r in peers}
                 if w.get("exact_gbit_per_s") and all(figs.values()):
@@ -583,35 +595,37 @@ def run_paths(a):
                          f"{f3(r['server_cpu_s'])} | {f3(r['emu']['busy'])} |")
     ratio = lambda s, key: f"{f3(s.get('wanxfer_vs_best_peer_' + key))} ({s.get('best_peer_' + key, '-')})"
     lines += ["", "wanxfer / best peer: by own figures; by the whole command against each peer's exact figure "
-              "(**the target's comparison**), against the same less its result exchange's wait in the "
-              "bottleneck queue (the reading most favourable to iperf3), and against iperf3's old bounds "
-              "(delivered / wall, N / wall).", "",
-              "| path | what | bytes | own figures | **exact** | exact, no queue wait | lower bound | upper bound | "
-              "wanxfer of ceiling | emulator carried (Gbit/s) | emulator-bound |",
+              "(**the target's comparison**), against the same with iperf3's set-up and result exchange "
+              "timed on the idle path where that is shorter (the reading most favourable to iperf3), and "
+              "against iperf3's old bounds (delivered / wall, N / wall).", "",
+              "| path | what | bytes | own figures | **exact** | exact, idle set-up and exchange | lower bound | "
+              "upper bound | wanxfer of ceiling | emulator carried (Gbit/s) | emulator-bound |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         lines.append(f"| {s['path']} | {s['what']} | {s['bytes']} | {f3(s.get('wanxfer_vs_best_peer'))} "
-                     f"({s.get('best_peer', '-')}) | **{ratio(s, 'exact')}** | {ratio(s, 'exact_no_queue')} | "
+                     f"({s.get('best_peer', '-')}) | **{ratio(s, 'exact')}** | {ratio(s, 'exact_idle')} | "
                      f"{ratio(s, 'wall')} | {ratio(s, 'upper')} | "
                      f"{f3(s.get('wanxfer_of_ceiling'))} | {f3(s['emu_floor_gbit_per_s'], 3)} | "
                      f"{'yes: the figures measure the emulator' if s['emu_bound'] else 'no'} |")
     exact_rows = [r for r in rows if isinstance(r.get("exact"), dict)]
     if exact_rows:
         lines += ["", "iperf3's exact runs. Server clock from its test start (TEST_START sent), 0.1 s intervals; "
-                  "client clock from TEST_START received. `reached` is when the server's count reached N, "
-                  "interpolated within its interval (`in`); `end` is TEST_END's arrival (server) and the last "
-                  "write (client); their skew is about RTT plus the queue TEST_END waited in (`queue`, skew "
-                  "less RTT, at most buffer / rate); `first data in` is the interval where data first arrived, about one RTT after "
-                  "the server's start. Exact wall = wall - (server end - reached), its range from the interval's ends; "
-                  "it needs no offset between the two clocks.", "",
+                  "client clock from TEST_START received. `first data in`: the interval where data first "
+                  "arrived (about one RTT after the server's start). `reached`: when the server's count reached "
+                  "N, interpolated within its interval (`in`). `end`: TEST_END's arrival (server) and the last "
+                  "write (client); their skew is about RTT plus the queue TEST_END waited in (`skew - RTT`). "
+                  "Exact wall = wall - (server end - reached), its range from the interval's ends; it needs no "
+                  "offset between the two clocks. `overhead` = wall - server end (set-up to the server's start, "
+                  "and result exchange), in this run and in a 1 KiB run on the idle path; exact idle = reached + "
+                  "idle overhead.", "",
                   "| path | tool | N | sent | server counted | sum of intervals | first data in s | reached s (in) | "
-                  "server end s | client end s | skew s | queue s | wall s | exact wall s (range) | "
-                  "lower <= exact <= upper |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "server end s | client end s | skew s | skew - RTT s | wall s | exact wall s (range) | "
+                  "overhead s: run / idle | exact idle wall s | lower <= exact <= upper |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in exact_rows:
             x = r["exact"]
             if "error" in x:
-                lines.append(f"| {r['path']} | {r['tool']} | failed: {x['error'][:80]} | | | | | | | | | | | | |")
+                lines.append(f"| {r['path']} | {r['tool']} | failed: {x['error'][:80]} |" + " |" * 14)
                 continue
             n = next(s["bytes"] for s in summaries if s["path"] == r["path"])
             inside = (r.get("wall_gbit_per_s") or 0) <= r["exact_gbit_per_s"] <= (r.get("wall_gbit_per_s_asked") or 0)
@@ -619,8 +633,9 @@ def run_paths(a):
                          f"{x['server_intervals_bytes']} | {'-'.join(f'{v:.3f}' for v in x['server_first_bytes_in_s'] or [])} | "
                          f"{x['server_reached_s']:.3f} ({x['server_reached_in_s'][0]:.2f}-"
                          f"{x['server_reached_in_s'][1]:.2f}) | {x['server_end_s']:.3f} | {x['client_end_s']:.3f} | "
-                         f"{x['end_skew_s']:.3f} | {x['queue_wait_s']:.3f} | {x['wall_s']:.2f} | {x['exact_wall_s']:.2f} "
+                         f"{x['end_skew_s']:.3f} | {x['skew_less_rtt_s']:.3f} | {x['wall_s']:.2f} | {x['exact_wall_s']:.2f} "
                          f"({x['exact_wall_range_s'][0]:.2f}-{x['exact_wall_range_s'][1]:.2f}) | "
+                         f"{x['overhead_s']:.2f} / {x['idle_overhead_s']:.2f} | {x['exact_idle_wall_s']:.2f} | "
                          f"{'yes' if inside else 'no'} |")
     for s in summaries:
         for rc in s.get("recovery_iperf3_p1", []):
