@@ -50,8 +50,9 @@ bottleneck queue the extra bytes keep full (a drop there costs a retransmission 
 which a run stopping at N would have drained. So a third run sends 1 KiB on the idle path:
 its wall less its server's end is iperf3's set-up and result exchange with no queue
 (`idle_overhead_s`), and `reached` plus that is the reading most favourable to iperf3,
-which the summary also compares against. Only this script times iperf3 -n on an emulated path; bench/peers.py's -n runs
-are on loopback, where its server must count >= 99% of N.
+which the summary also compares against. Each iperf3 tool thus takes three runs. Only
+this script times iperf3 -n on an emulated path; bench/peers.py's -n runs are on
+loopback, where its server must count >= 99% of N.
 """
 import argparse
 import json
