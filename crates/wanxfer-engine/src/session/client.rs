@@ -223,7 +223,10 @@ pub struct Report {
     pub setup_round_trips: u32,
     /// Of those, the waits until the session was agreed (`SessionAccepted`).
     pub session_round_trips: u32,
-    /// Wall clock from that connect to the first data byte (0 when no block moved).
+    /// Wall clock from that connect to the first data block handed whole to a socket
+    /// (push) or arrived whole (pull); 0 when no block moved. Blocks are the unit the
+    /// session sees: a pull's first 4 MiB in slow start arrives some round trips after
+    /// its first byte, which `setup_round_trips` does not count.
     pub setup_seconds: f64,
     /// The TLS suite the connections use, or `none`.
     pub encryption: String,
