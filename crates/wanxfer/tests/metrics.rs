@@ -296,8 +296,8 @@ fn metrics_and_transfer_log_match_the_transfers() {
         server.log()
     );
 
-    // The transfer log: a JSON line per session, in the order they ended (written as the
-    // server's side of a session ends, which may be just after the client exits).
+    // The transfer log: a JSON line per session, in the order they ended (a failed one's
+    // is written as the server's side ends, which may be just after the client exits).
     let text = wait_for_lines(&log_path, 4);
     let records: Vec<serde_json::Value> = text
         .lines()
@@ -373,6 +373,39 @@ fn a_transfer_log_moved_away_is_created_anew() {
     cp([&server.url("a"), dest.as_os_str()]).assert_ok();
     wait_for_lines(&log_path, 1);
     assert_eq!(fs::read_to_string(&rotated).unwrap().lines().count(), 1);
+}
+
+/// A script that reads the transfer log as soon as `cp` exits finds the session's
+/// record: the server writes it before it tells the client the transfer is done. (Written
+/// as the session ended instead, 3 pushes in a row found 0, then 2, then 3 records.)
+#[test]
+fn the_transfer_log_has_the_record_when_the_client_is_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    fs::create_dir(&root).unwrap();
+    fs::write(root.join("a"), vec![7u8; 300_000]).unwrap();
+    let log_path = dir.path().join("transfers.log");
+    let server = Server::start(&root, &["--transfer-log", log_path.to_str().unwrap()]);
+    let dest = dir.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    let src = dir.path().join("b");
+    fs::write(&src, vec![9u8; 300_000]).unwrap();
+    for round in 0..4 {
+        cp([&server.url("a"), dest.as_os_str()]).assert_ok();
+        let text = fs::read_to_string(&log_path).unwrap_or_default();
+        assert_eq!(text.lines().count(), 2 * round + 1, "after a pull: {text}");
+        cp([
+            src.as_os_str(),
+            server.url(&format!("b{round}")).as_os_str(),
+        ])
+        .assert_ok();
+        let text = fs::read_to_string(&log_path).unwrap();
+        assert_eq!(text.lines().count(), 2 * round + 2, "after a push: {text}");
+        let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        assert_eq!(last["direction"], "push");
+        assert_eq!(last["result"], "ok");
+        assert_eq!(last["bytes"], 300_000);
+    }
 }
 
 /// The file's text once it has `lines` lines.

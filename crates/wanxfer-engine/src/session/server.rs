@@ -25,7 +25,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -58,7 +58,7 @@ use crate::stream::Stream;
 use crate::tls::ServerIdentity;
 use crate::transport::fabric::{self, FabricTransport, SlotPlan};
 use crate::transport::{Joined, TcpTransport};
-use crate::Error;
+use crate::{Error, ErrorClass};
 
 /// The server's own bounds; a client's request is clamped to them.
 #[derive(Debug, Clone)]
@@ -1122,13 +1122,18 @@ impl Connection {
         };
         let paths = request.paths.iter().map(|p| p.to_string()).collect();
         let mut info = self.info(kind, paths, &stream, &identity);
+        let reported = Arc::new(AtomicBool::new(false));
         // A bug in one session must not leak its place or its transfer.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.run_session(stream, auth, &identity, &request, &ours, &mut info)
+            self.run_session(
+                stream, auth, &identity, &request, &ours, &mut info, &reported,
+            )
         }))
         .unwrap_or_else(|_| Err(Error::Internal("a session thread panicked".into())));
         self.release_transfer(&key, &ours.done);
-        self.observe_end(&info, &result);
+        if !reported.load(Ordering::Acquire) {
+            self.observe_end(&info, &result);
+        }
         result
     }
 
@@ -1164,21 +1169,13 @@ impl Connection {
         let Some(observer) = &self.shared.observer else {
             return;
         };
-        let load = |f: fn(&Progress) -> &AtomicU64| {
-            info.progress
-                .as_deref()
-                .map_or(0, |p| f(p).load(Ordering::Relaxed))
-        };
-        let end = SessionEnd {
-            ended: std::time::SystemTime::now(),
-            files: load(|p| &p.files),
-            failed_files: load(|p| &p.failed_files),
-            bytes: load(|p| &p.bytes),
-            error: result.as_ref().err().map(|e| (e.class(), self.relative(e))),
-        };
-        observer.session_ended(info, &end);
+        let error = result.as_ref().err().map(|e| (e.class(), self.relative(e)));
+        observer.session_ended(info, &session_end(info, error));
     }
 
+    /// `reported` is set once the session's end was told to the observer from inside
+    /// (see the `stats` hook), so that the caller does not tell it again.
+    #[allow(clippy::too_many_arguments)]
     fn run_session(
         &self,
         mut stream: Stream,
@@ -1187,6 +1184,7 @@ impl Connection {
         request: &OpenSession,
         ours: &Running,
         info: &mut SessionInfo,
+        reported: &Arc<AtomicBool>,
     ) -> Result<(), Error> {
         let shared = &self.shared;
         let l = &shared.limits;
@@ -1371,6 +1369,8 @@ impl Connection {
         };
         let stats_sink = sink.clone();
         let stats_meter = meter.clone();
+        let (ending, end_observer, end_reported) =
+            (info.clone(), shared.observer.clone(), reported.clone());
         let direction = if receiving { "received" } else { "sent" };
         let who = format!("{} ({identity})", self.peer);
         let setup = Setup {
@@ -1402,6 +1402,15 @@ impl Connection {
                     bytes as f64 * 8.0 / secs / 1e9,
                     cpu.seconds(),
                 );
+                // So is the transfer log's record: a script that reads it as soon as the
+                // client exits finds it there. What follows (the client's last word, the
+                // links' close) can still fail, but the files are in place and counted;
+                // such a failure shows in the server's log and its metrics' connection
+                // errors, not as a second record.
+                if let Some(observer) = &end_observer {
+                    observer.session_ended(&ending, &session_end(&ending, None));
+                    end_reported.store(true, Ordering::Release);
+                }
                 Stats {
                     cpu_user_us: cpu.user_us,
                     cpu_sys_us: cpu.sys_us,
@@ -1665,4 +1674,20 @@ enum Role {
     Send(Source, Arc<Matcher>),
     /// Where pushed files land; `None` discards (memory to memory).
     Receive(Option<(Root, Placement)>),
+}
+
+/// How `info`'s session ended, from its counters, `error` as the client was told it.
+fn session_end(info: &SessionInfo, error: Option<(ErrorClass, String)>) -> SessionEnd {
+    let load = |f: fn(&Progress) -> &AtomicU64| {
+        info.progress
+            .as_deref()
+            .map_or(0, |p| f(p).load(Ordering::Relaxed))
+    };
+    SessionEnd {
+        ended: std::time::SystemTime::now(),
+        files: load(|p| &p.files),
+        failed_files: load(|p| &p.failed_files),
+        bytes: load(|p| &p.bytes),
+        error,
+    }
 }
