@@ -1158,6 +1158,31 @@ fn try_rogue_accept(
     try_rogue_accept_offering(listener, kind, nonce, features::SUPPORTED)
 }
 
+/// The next connection on `listener`; panics after `limit`, so that a client that gave
+/// up before connecting fails the test at once instead of leaving it blocked in
+/// `accept` for ever.
+fn accept_within(listener: &std::net::TcpListener, limit: Duration) -> std::net::TcpStream {
+    listener.set_nonblocking(true).unwrap();
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        match listener.accept() {
+            Ok((tcp, _)) => {
+                listener.set_nonblocking(false).unwrap();
+                tcp.set_nonblocking(false).unwrap();
+                return tcp;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no connection within {limit:?}: the client gave up or never came"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
+
 /// [`try_rogue_accept`] greeting with `offered` features.
 fn try_rogue_accept_offering(
     listener: &std::net::TcpListener,
@@ -1169,7 +1194,7 @@ fn try_rogue_accept_offering(
     let tls = wanxfer_engine::tls::ServerIdentity::from_files(&cert, &key)
         .and_then(|identity| identity.server_config())
         .unwrap();
-    let (tcp, _) = listener.accept().unwrap();
+    let tcp = accept_within(listener, Duration::from_secs(60));
     let mut greeting = Preamble::new(ConnectionKind::Server).encode().to_vec();
     encode_frame(
         &wanxfer_proto::handshake::hello(nonce, offered),
