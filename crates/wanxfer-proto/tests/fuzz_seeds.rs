@@ -303,9 +303,18 @@ fn seeds_are_valid_and_written_on_request() {
             }
             _ => {}
         }
+        let path = dir.join(target).join(format!("seed-{name}"));
         if std::env::var_os("WANXFER_WRITE_CORPUS").is_some() {
             std::fs::create_dir_all(dir.join(target)).unwrap();
-            std::fs::write(dir.join(target).join(format!("seed-{name}")), &bytes).unwrap();
+            std::fs::write(&path, &bytes).unwrap();
+        } else if let Ok(committed) = std::fs::read(&path) {
+            // A seed that no longer matches what the code sends (a Hello with other
+            // feature bits) starts the fuzzer from a frame no peer would send.
+            assert!(
+                committed == bytes,
+                "{} is stale: WANXFER_WRITE_CORPUS=1 cargo test -p wanxfer-proto --test fuzz_seeds",
+                path.display()
+            );
         }
     }
 }
