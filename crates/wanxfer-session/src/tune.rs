@@ -33,7 +33,7 @@
 //! then refine by single streams, up then down; hold the best, re-probing one step up
 //! every [`HOLD_EPOCHS`] intervals and at once when goodput at the same count moves by
 //! more than [`PATH_CHANGE`] (the path changed). A loss rate above [`LOSS_BACKOFF`] that
-//! also costs goodput, in two readings in a row, cuts a quarter of the streams without
+//! grew and cost goodput, in two readings in a row, cuts a quarter of the streams without
 //! waiting for a comparison.
 //!
 //! Why loss is judged against goodput, and weighed lightly: a loss-based TCP filling a
@@ -56,7 +56,11 @@
 //! ending 0.97 / 0.03) and in the simulation (16 of 16 runs). For the same reason a
 //! probe down goes on down only while it scores strictly better, and pacing is kept
 //! only while it removes the loss: below a policer it does; in a queue others fill, it
-//! would hold the transfer at the share it had when it started pacing.
+//! would hold the transfer at the share it had when it started pacing. And only loss
+//! that grew ([`LOSS_GROWTH`] times the reference's) sheds: a shallow queue others share
+//! loses about as much whatever this transfer runs (through the emulator's 1 MB buffer,
+//! 10-30% at one stream or seven), so a competitor that grows costs goodput at an
+//! unchanged loss rate, and shedding for that handed it the path a quarter at a time.
 //!
 //! Why readings are judged against their own noise: through a queue too shallow for the
 //! windows (issue 19's path (a), 1 MB at 2 Gbit/s and 50 ms), one-second readings of one
@@ -118,6 +122,8 @@ pub const PATH_CHANGE: f64 = 0.30;
 /// A loss rate above this sheds streams at once, if it also cost [`LOSS_COST`] of the
 /// held count's goodput (or of the best seen, before a count is held).
 pub const LOSS_BACKOFF: f64 = 0.02;
+/// Loss sheds only when it grew by this factor over the reference's.
+pub const LOSS_GROWTH: f64 = 1.5;
 /// Fraction of the best goodput below which loss counts as costing it.
 pub const LOSS_COST: f64 = 0.15;
 /// Loss at a steady rate that suggests a policer (or a shallow queue) to pace below.
@@ -307,6 +313,8 @@ struct Best {
     streams: u16,
     utility: f64,
     goodput: f64,
+    /// The loss rate it ran at: loss to shed for is loss that grew beyond it.
+    loss: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -373,9 +381,9 @@ pub struct Tuner {
     pace_step: f64,
     /// A held count's reading far from its score, waiting for the next to confirm it.
     unconfirmed: Option<f64>,
-    /// The goodput and streams of the reading before this one: what loss is judged
+    /// The goodput, streams and loss of the reading before this one: what loss is judged
     /// against when no count is held (after streams were shed).
-    previous: Option<(f64, u16)>,
+    previous: Option<(f64, u16, f64)>,
     /// The reading before this one if it ran at the same streams and pacing, and over
     /// how many seconds: two such readings differ only by the path's noise.
     same_as_before: Option<(f64, f64)>,
@@ -559,12 +567,12 @@ impl Tuner {
         // reading before: never the session's peak, which a transfer that now shares
         // its bottleneck will not see again (judged against it, every lossy reading
         // would shed another quarter, down to one stream, while the competitor grows).
-        let (reference, reference_streams) = self
+        let (reference, reference_streams, reference_loss) = self
             .best
-            .map(|b| (b.goodput, b.streams))
+            .map(|b| (b.goodput, b.streams, b.loss))
             .or(self.previous)
-            .unwrap_or((self.peak_goodput, n));
-        self.previous = Some((r.goodput_bits_per_s, n));
+            .unwrap_or((self.peak_goodput, n, 0.0));
+        self.previous = Some((r.goodput_bits_per_s, n, r.loss));
         // Beyond what the readings' noise explains (see [`Tuner::spread`]).
         let costly = r.goodput_bits_per_s < reference * (1.0 - LOSS_COST.max(2.0 * self.spread()));
         // Fewer streams than the reference (a probe down, or the reading just after a
@@ -572,7 +580,12 @@ impl Tuner {
         // take the place: that is the probe's answer, not loss to flee from. Only loss
         // at as many streams as the reference or more sheds at once.
         let fewer = n < reference_streams;
-        let lossy = r.loss > LOSS_BACKOFF && costly && !first && !fewer;
+        // And loss that grew: a queue others keep full loses about as much whatever this
+        // transfer runs (through the emulator's 1 MB buffer, 10-30% at one stream or
+        // seven), and a competitor that grows costs goodput without more loss. Shedding
+        // there would hand the other transfer the path a quarter at a time.
+        let grew = r.loss > LOSS_GROWTH * reference_loss;
+        let lossy = r.loss > LOSS_BACKOFF && grew && costly && !first && !fewer;
         // One such reading is as often the noise of a shallow queue (through the
         // emulator's 1 MB buffer at 50 ms, 12-29% loss at any count and readings ±50%):
         // the next must agree.
@@ -602,6 +615,7 @@ impl Tuner {
                     streams: n,
                     utility: r.utility,
                     goodput: r.goodput_bits_per_s,
+                    loss: r.loss,
                 });
                 self.tried_down = false;
                 let step = if step == 0 { n.max(1) } else { step };
@@ -609,10 +623,15 @@ impl Tuner {
             }
             Phase::Probe { dir, step } => {
                 let best = self.best.expect("a probe has a best to compare with");
+                let spread = self.spread();
                 let better = match dir {
-                    Dir::Up => r.utility > best.utility * (1.0 + GAIN),
+                    // By more than the readings' noise could fake: through a shallow
+                    // queue one-second readings swing ±50%, and a transfer that took
+                    // each lucky reading for a better count went on adding streams
+                    // past an equal share (2 against 11 through the emulator at 100 ms).
+                    Dir::Up => r.utility > best.utility * (1.0 + GAIN.max(spread)),
                     // Fewer streams for about as much is better (see [`KEEP_FEWER`]).
-                    Dir::Down => r.utility >= best.utility * (1.0 - KEEP_FEWER),
+                    Dir::Down => r.utility >= best.utility * (1.0 - KEEP_FEWER.max(spread / 2.0)),
                 };
                 if better {
                     let step = match dir {
@@ -641,6 +660,7 @@ impl Tuner {
                         streams: n,
                         utility: r.utility,
                         goodput: r.goodput_bits_per_s,
+                        loss: r.loss,
                     });
                     if !onward {
                         self.hold(now, Reason::Better);
@@ -710,6 +730,7 @@ impl Tuner {
                         streams: n,
                         utility: r.utility,
                         goodput: r.goodput_bits_per_s,
+                        loss: r.loss,
                     };
                     self.tried_down = false;
                     let dir = if moved < 0.0 { Dir::Down } else { Dir::Up };
@@ -775,6 +796,7 @@ impl Tuner {
                 // does not set the bar for every later probe.
                 best.utility = 0.5 * (best.utility + r.utility);
                 best.goodput = 0.5 * (best.goodput + r.goodput_bits_per_s);
+                best.loss = 0.5 * (best.loss + r.loss);
                 if epochs + 1 >= self.hold_for && self.pacing.is_some() {
                     // Paced: the probe is a faster rate, not another stream (the
                     // streams share the rate whatever their number).
@@ -892,6 +914,7 @@ impl Tuner {
             streams: r.streams,
             utility: r.utility,
             goodput: r.goodput_bits_per_s,
+            loss: r.loss,
         };
         if step == 0.0 {
             // Below a policer's rate the loss goes; in a queue that others keep full it

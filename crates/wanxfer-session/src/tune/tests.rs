@@ -784,6 +784,55 @@ fn one_reading_off_is_not_a_path_change() {
     );
 }
 
+/// A transfer held at 8 streams in a queue that loses 12% at any count (a shallow one
+/// others share) sees its goodput halve at the same loss rate: a competitor took share,
+/// its own streams did not overrun anything, and nothing is shed for loss. Only loss
+/// that grows beyond [`LOSS_GROWTH`] times the held count's is.
+#[test]
+fn loss_that_did_not_grow_sheds_nothing() {
+    let mut tuner = Tuner::new(TuneConfig {
+        max_streams: 8,
+        ..config(8)
+    });
+    let mut m = Measurement {
+        rtt: Some(RTT),
+        min_rtt: Some(RTT),
+        ..Measurement::default()
+    };
+    // Each stream carries an eighth of `rate` (window-limited): fewer deliver less, so
+    // the controller holds 8.
+    let mut feed = |tuner: &mut Tuner, rate: f64, loss: f64| {
+        m.at += TICK;
+        m.streams = tuner.current().streams;
+        let bytes = (rate * f64::from(m.streams) / 8.0 * TICK.as_secs_f64() / 8.0) as u64;
+        m.bytes += bytes;
+        m.segments_sent += bytes / 1448;
+        m.segments_retransmitted += ((bytes / 1448) as f64 * loss) as u64;
+        tuner.handle_measurement(m);
+        while tuner.poll_decision().is_some() {}
+    };
+    for _ in 0..60 {
+        feed(&mut tuner, G, 0.12);
+    }
+    let before = tuner.history().count();
+    let shed = |tuner: &Tuner| {
+        tuner
+            .history()
+            .skip(before)
+            .any(|d| matches!(d.reason, Reason::Loss(_)))
+    };
+    let readings = tuner.readings();
+    while tuner.readings() < readings + 4 {
+        feed(&mut tuner, G / 2.0, 0.12);
+    }
+    assert!(!shed(&tuner), "{:?}", tuner.history().collect::<Vec<_>>());
+    let readings = tuner.readings();
+    while tuner.readings() < readings + 4 {
+        feed(&mut tuner, G / 4.0, 0.30);
+    }
+    assert!(shed(&tuner), "{:?}", tuner.history().collect::<Vec<_>>());
+}
+
 /// A drop-tail bottleneck whose full queue loses more than [`LOSS_BACKOFF`] (4% at 8
 /// streams) shared by two transfers, the second started 10 s after the first. The first
 /// sees its goodput halve at a loss rate above the threshold: that is a competitor's
@@ -798,7 +847,7 @@ fn a_competitor_on_a_lossy_full_queue_is_shared_with_not_fled() {
         burst_loss: None,
         shallow: None,
     };
-    assert_shared_fairly(0..48, (7, 70), Noise::every_tick(0.05), path, 0.25, 0.15);
+    assert_shared_fairly(0..48, (7, 70), Noise::every_tick(0.05), path, 0.125, 0.12);
 }
 
 /// Issue 19's path (a) as two BBR transfers saw it through the emulator: a 1 MB buffer at
@@ -806,10 +855,11 @@ fn a_competitor_on_a_lossy_full_queue_is_shared_with_not_fled() {
 /// segments whatever the count, and one transfer's one-second readings swing by up to
 /// ±50% (`bench/runs/fairness-2026-11-24-shared.json`). A stream's worth of share is well
 /// inside that noise, so no controller resolves it in 30 s; what this one must not do is
-/// take a noisy reading for a path change or for loss that costs goodput, and so ratchet
-/// one transfer down. Over 48 seeds, taking every lossy reading at face value left 31
-/// beyond 20% of an equal share (0.26 on average); asking a second reading to confirm,
-/// and readings as long as the noise needs, 19 (0.22).
+/// take a noisy reading for a path change, a won probe or loss that costs goodput, and
+/// so ratchet one transfer down. Over 48 seeds, reading them at face value left 31
+/// beyond 20% of an equal share (0.257 on average); judged against the noise, 29
+/// (0.232). (Shedding for every lossy reading here happened to help, 19 and 0.219, but
+/// the same rule handed a growing competitor the path through the emulator.)
 #[test]
 fn two_transfers_share_a_shallow_noisy_queue() {
     let path = |_| Path {
@@ -823,5 +873,5 @@ fn two_transfers_share_a_shallow_noisy_queue() {
         amplitude: 0.4,
         hold: secs(1),
     };
-    assert_shared_fairly(0..48, (11, 110), noise, path, 0.5, 0.235);
+    assert_shared_fairly(0..48, (11, 110), noise, path, 0.625, 0.245);
 }
