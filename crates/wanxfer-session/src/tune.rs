@@ -515,8 +515,9 @@ impl Tuner {
                 && !self.cfg.fixed_streams
             {
                 // The server takes no more (or opening keeps failing): that is the most
-                // this session gets.
-                self.cfg.max_streams = m.streams.max(self.cfg.min_streams);
+                // this session gets, and the least it can ask for.
+                self.cfg.min_streams = self.cfg.min_streams.min(m.streams);
+                self.cfg.max_streams = m.streams;
                 self.best = None;
                 self.phase = Phase::Reference { step: 1 };
                 self.decide(m.at, m.streams, Reason::OpenFailed);

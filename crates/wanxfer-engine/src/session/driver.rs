@@ -333,7 +333,11 @@ impl Driver {
             } else {
                 p.streams
             },
-            min_streams: 1,
+            min_streams: if p.auto_streams {
+                super::AUTO_MIN_STREAMS
+            } else {
+                1
+            },
             max_streams: if p.auto_streams {
                 p.max_streams.min(super::AUTO_MAX_STREAMS)
             } else {

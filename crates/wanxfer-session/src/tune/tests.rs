@@ -701,6 +701,34 @@ fn settles_for_the_channels_that_opened() {
     assert_eq!(at_most, 3);
 }
 
+/// A server that lets one channel open, below the controller's own minimum of 2: it
+/// settles for one, and stops asking for a second every time its patience runs out.
+#[test]
+fn settles_for_one_channel_below_its_minimum() {
+    let mut tuner = Tuner::new(TuneConfig {
+        min_streams: 2,
+        ..config(2)
+    });
+    let mut m = Measurement::default();
+    let mut decisions = 0;
+    for i in 1..=600u64 {
+        m.at = TICK * i as u32;
+        m.streams = 1;
+        m.bytes += (100.0 * M * TICK.as_secs_f64() / 8.0) as u64;
+        m.rtt = Some(RTT);
+        tuner.handle_measurement(m);
+        while tuner.poll_decision().is_some() {
+            decisions += 1;
+        }
+    }
+    assert_eq!(tuner.current().streams, 1, "{}", decisions);
+    assert!(
+        decisions <= 4,
+        "{decisions} decisions in 2 minutes: {:?}",
+        tuner.history().collect::<Vec<_>>()
+    );
+}
+
 /// Counters from the caller that go back in time are ignored, not a panic.
 #[test]
 fn counters_that_go_back_are_ignored() {
