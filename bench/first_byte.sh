@@ -1,27 +1,36 @@
 #!/bin/sh
-# Issue 19 item 5: how long a small push waits before its first data byte, through
-# wanxfer-emu. Runs N pushes of one 20 kB file from the left host to a server on the
-# right one at RTT, and prints each run's wall clock (whole command), its counted round
-# trips to the first data byte and to the session, and the seconds to the first byte
-# (from `--json`; runs of older builds print only the wall clock and their fixed count).
+# Issue 19 item 5: how long a small transfer waits before its first data byte, through
+# wanxfer-emu. Runs N pushes (or pulls) of one 20 kB file between the left host and a
+# server on the right one at RTT, and prints each run's wall clock (whole command), its
+# counted round trips to the first data byte and to the session, and the seconds to the
+# first block (from `--json`; runs of older builds print only the wall clock and their
+# fixed count). A pull goes each time into a destination that does not exist yet.
 #
-#   bench/first_byte.sh [WANXFER] [EMU] [RTT] [N]
-#   bench/first_byte.sh target/debug/wanxfer target/debug/wanxfer-emu 200ms 5
+#   bench/first_byte.sh [WANXFER] [EMU] [RTT] [N] [push|pull]
+#   bench/first_byte.sh target/debug/wanxfer target/debug/wanxfer-emu 200ms 5 pull
 set -eu
 wanxfer=$(realpath "${1:-target/debug/wanxfer}")
 emu=$(realpath "${2:-target/debug/wanxfer-emu}")
 rtt=${3:-100ms}
 runs=${4:-5}
+mode=${5:-push}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 mkdir -p "$dir/root" "$dir/state" "$dir/server-state"
 head -c 20000 /dev/urandom >"$dir/small.bin"
+cp "$dir/small.bin" "$dir/root/small.bin"
+# What each run copies ($i is the run's number, expanded in left.sh).
+case $mode in
+push) copy="$dir/small.bin wanxfer://10.77.0.2:7800/small\$i.bin" ;;
+pull) copy="wanxfer://10.77.0.2:7800/small.bin $dir/pulled\$i.bin" ;;
+*) echo "mode is push or pull, not $mode" >&2; exit 2 ;;
+esac
 "$wanxfer" serve --help >/dev/null
 cat >"$dir/left.sh" <<SCRIPT
 export WANXFER_STATE_DIR=$dir/state
 for i in \$(seq $runs); do
   start=\$(date +%s.%N)
-  "$wanxfer" cp --secret-file "$dir/secret" --json "$dir/small.bin" wanxfer://10.77.0.2:7800/small\$i.bin >"$dir/out"
+  "$wanxfer" cp --secret-file "$dir/secret" --json $copy >"$dir/out"
   end=\$(date +%s.%N)
   python3 -c "import json,sys; j=json.load(open('$dir/out')); print('wall %.3f s  setup_round_trips %s  session_round_trips %s  setup_seconds %s' % (\$end-\$start, j.get('setup_round_trips'), j.get('session_round_trips', '-'), j.get('setup_seconds', '-')))" >>"$dir/results"
 done

@@ -65,9 +65,15 @@ pub fn recv_or_cancel<T>(rx: &Receiver<T>, cancel: &Cancel) -> Result<Option<T>,
 /// Zeroed memory aligned to a page. Blocks are written to disk with `O_DIRECT`, which
 /// needs buffer addresses aligned to the device's logical block, and RDMA registration
 /// pins whole pages; a page boundary serves both.
+///
+/// An anonymous mapping, not the allocator: the kernel hands it out zeroed and faults its
+/// pages in only where they are first touched. `std::alloc::alloc_zeroed` with a page
+/// alignment writes every byte itself (it calls `calloc` only up to malloc's own
+/// alignment), which faulted in the whole pool when a session started: 80 MiB and some
+/// 40-75 ms per side before the first manifest entry of a small pull left the server.
 struct PageAligned {
     base: std::ptr::NonNull<u8>,
-    layout: std::alloc::Layout,
+    len: usize,
 }
 
 /// Alignment of every pool buffer and arena.
@@ -75,34 +81,58 @@ pub const BUFFER_ALIGN: usize = 4096;
 
 impl PageAligned {
     fn zeroed(len: usize) -> PageAligned {
-        let layout = std::alloc::Layout::from_size_align(len.max(1), BUFFER_ALIGN)
-            .expect("a block size below isize::MAX with a power-of-two alignment");
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let base =
-            std::ptr::NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        PageAligned { base, layout }
+        let len = len.max(1);
+        // SAFETY: a fresh private anonymous mapping, no address hint and no file: it
+        // cannot alias anything else this process holds.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        let base = if ptr == libc::MAP_FAILED {
+            None
+        } else {
+            std::ptr::NonNull::new(ptr.cast::<u8>())
+        };
+        let Some(base) = base else {
+            // As the allocator would: out of memory (or address space) is not recoverable.
+            std::alloc::handle_alloc_error(
+                std::alloc::Layout::from_size_align(len, BUFFER_ALIGN)
+                    .expect("a block size below isize::MAX with a power-of-two alignment"),
+            )
+        };
+        // Mappings start on a page, and pages are whole multiples of 4 KiB on Linux.
+        debug_assert_eq!(base.as_ptr() as usize % BUFFER_ALIGN, 0);
+        PageAligned { base, len }
     }
 
     fn len(&self) -> usize {
-        self.layout.size()
+        self.len
     }
 
     fn bytes(&self) -> &[u8] {
-        // SAFETY: `base` points to `len` initialised (zeroed) bytes we own.
-        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.len()) }
+        // SAFETY: `base` points to `len` bytes we own, mapped readable and zero-filled
+        // by the kernel until written.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.len) }
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `bytes`; `&mut self` makes this the only access.
-        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr(), self.len()) }
+        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr(), self.len) }
     }
 }
 
 impl Drop for PageAligned {
     fn drop(&mut self) {
-        // SAFETY: allocated in `zeroed` with this very layout.
-        unsafe { std::alloc::dealloc(self.base.as_ptr(), self.layout) }
+        // SAFETY: mapped in `zeroed` with this very length; nothing borrows it any more.
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), self.len);
+        }
     }
 }
 
@@ -474,6 +504,48 @@ mod tests {
         assert_eq!(c.payload().as_ptr() as usize % BUFFER_ALIGN, 0);
         assert!(c.storage().iter().all(|&b| b == 0));
         drop((b, c));
+    }
+
+    /// Pages of `bytes` resident in memory, by `mincore`.
+    fn resident_pages(bytes: &[u8]) -> usize {
+        let pages = bytes.len().div_ceil(BUFFER_ALIGN);
+        let mut resident = vec![0u8; pages];
+        // SAFETY: `bytes` starts on a page (checked by the caller) and spans `pages`
+        // pages of one mapping; `resident` holds a byte per page.
+        let rc = unsafe {
+            libc::mincore(
+                bytes.as_ptr() as *mut libc::c_void,
+                bytes.len(),
+                resident.as_mut_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+        resident.iter().filter(|&&page| page & 1 != 0).count()
+    }
+
+    /// Issue 19 item 5: a pool's buffers take no memory until they are used. Zeroing
+    /// them at allocation faulted in every page of the pool (80 MiB per side for a
+    /// default session) and kept a small pull's first manifest entry waiting for it.
+    #[test]
+    fn a_new_pool_faults_in_only_the_pages_it_touches() {
+        const BLOCK: usize = 4 << 20;
+        let pool = Pool::new(4, BLOCK);
+        let cancel = Cancel::default();
+        let mut block = pool.take(&cancel).unwrap();
+        assert_eq!(block.storage().as_ptr() as usize % BUFFER_ALIGN, 0);
+        assert_eq!(
+            resident_pages(block.storage()),
+            0,
+            "untouched pages are not in memory"
+        );
+        block.space()[0] = 1;
+        block.space()[BLOCK - 1] = 1;
+        // At least those two pages (a kernel with transparent huge pages may fault in
+        // 2 MiB around each).
+        assert!(resident_pages(block.storage()) >= 2);
+        let other = pool.take(&cancel).unwrap();
+        assert_eq!(resident_pages(other.storage()), 0);
+        assert!(other.storage().iter().step_by(4096).all(|&b| b == 0));
     }
 
     #[test]

@@ -605,9 +605,10 @@ fn a_path_whose_rate_drops_mid_transfer_still_completes() {
 /// certificate is already pinned sends its first entries behind the request
 /// (`features::PIPELINE`); they are answered with the session, and its blocks follow the
 /// joins at once: 3. The first push pins the certificate (on first use it sends nothing
-/// beyond its request before the server has proved itself: 4), and a pull's receiver
-/// answers the server's entries once it has them: one round trip more, 4 (6 before the
-/// data connections were opened beside the authentication).
+/// beyond its request before the server has proved itself: 4), and a pull's server sends
+/// only once a data connection's join reaches it, the join leaving with the session's
+/// answer: one round trip more, 4 (6 before the data connections were opened beside the
+/// authentication).
 #[test]
 fn a_pipelined_push_waits_three_round_trips_for_its_first_byte() {
     if skip() {
