@@ -190,6 +190,10 @@ pub struct Measurement {
     /// Microseconds the channels spent waiting for a block to send (or a buffer to
     /// receive into), summed over channels.
     pub waited_us: u64,
+    /// The most payload bytes the channels may have in flight together, where the
+    /// session fixes it rather than the kernel: over fabric, the slots the receivers
+    /// grant times the block size. `None` over TCP.
+    pub window_bytes: Option<u64>,
 }
 
 /// Why the controller chose what it chose.

@@ -555,6 +555,21 @@ fn run_once(
         params.auto_streams = true;
         params.start_streams = cfg.tuning.streams.clamp(1, params.streams);
     }
+    if matches!(job, ClientJob::Pull { .. })
+        && matches!(cfg.tuning.transport, Transport::Fabric { .. })
+    {
+        // Each fabric channel this side receives on registers slots of its own: the
+        // tuner may open only as many as this side's budget holds, whatever the server
+        // allows (it counts a pull's memory on its own side, not ours).
+        params.max_streams = wanxfer_session::negotiate::fabric_streams_within(
+            params.max_streams,
+            params.depth,
+            params.block_size,
+            tuning.writers as u32,
+            tuning.max_memory,
+        )
+        .max(params.streams);
+    }
     params.resolve_io(conn::peer_on_this_host(&agreed.stream));
     let (kernel_tls, io_note) = params.settle_for_tls(&agreed.stream);
     if let Some(note) = io_note {
