@@ -97,14 +97,18 @@ pub fn clamp(
         limits.disk_threads,
         limits.max_memory,
     );
-    let fits = |s, d, b| memory(transport, s, d, b, limits.disk_threads) <= limits.max_memory;
     // Channels may join later. Over TCP they share the session's pool; a fabric receiver
     // registers slots per channel, so only as many as the budget holds may join.
     let mut max_streams = limits.max_streams.max(streams);
     if receiving && req.transport == TransportKind::Fabric {
-        while max_streams > streams && !fits(max_streams, depth, block_size) {
-            max_streams -= 1;
-        }
+        max_streams = fabric_streams_within(
+            max_streams,
+            depth,
+            block_size,
+            limits.disk_threads,
+            limits.max_memory,
+        )
+        .max(streams);
     }
     SessionAccepted {
         session_id,
@@ -116,6 +120,25 @@ pub fn clamp(
         max_streams,
         placement,
     }
+}
+
+/// The most fabric channels, up to `most`, whose receiving slots (`depth + 1` each, of
+/// blocks of `block_size`) fit `max_memory` beside `disk_threads` blocks; at least 1.
+/// Each receiving fabric channel registers slots of its own, so this bounds how many
+/// may join a session, on whichever side receives.
+pub fn fabric_streams_within(
+    most: u16,
+    depth: u16,
+    block_size: u32,
+    disk_threads: u32,
+    max_memory: u64,
+) -> u16 {
+    let slot = fabric_slot_len(block_size);
+    let per_stream = (u64::from(depth) + 1) * slot;
+    let room = max_memory.saturating_sub(u64::from(disk_threads) * slot);
+    u16::try_from(room / per_stream.max(1))
+        .unwrap_or(u16::MAX)
+        .clamp(1, most.max(1))
 }
 
 /// Lowers depth, then streams, then the block size (halving it, never below
@@ -279,6 +302,26 @@ mod tests {
         assert!(
             buffers(acc.max_streams, acc.depth, 2) * slot <= 64 << 20,
             "{acc:?}"
+        );
+    }
+
+    /// Issue 19, path (d): each receiving fabric channel brings `depth + 1` slots, so the
+    /// channels a budget holds are what it holds beside the disk threads' blocks, never
+    /// fewer than one, never more than asked.
+    #[test]
+    fn fabric_channels_are_bounded_by_the_slots_a_budget_holds() {
+        let slot = fabric_slot_len(4 << 20);
+        // 512 MiB, 4 MiB blocks, depth 4, 2 writers: (118 slots - 2) / 5 = 23 channels.
+        let n = fabric_streams_within(u16::MAX, 4, 4 << 20, 2, 512 << 20);
+        assert_eq!(n, 23);
+        assert!(buffers(n, 4, 2) * slot <= 512 << 20);
+        assert!(buffers(n + 1, 4, 2) * slot > 512 << 20);
+        assert_eq!(fabric_streams_within(16, 4, 4 << 20, 2, 512 << 20), 16);
+        assert_eq!(fabric_streams_within(16, 4, 4 << 20, 2, 0), 1);
+        assert_eq!(fabric_streams_within(0, 4, 4 << 20, 2, 512 << 20), 1);
+        assert_eq!(
+            fabric_streams_within(16, u16::MAX, u32::MAX, 2, u64::MAX),
+            16
         );
     }
 

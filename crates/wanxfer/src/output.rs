@@ -341,6 +341,8 @@ fn tuning_json(t: &TuneReport) -> serde_json::Value {
         "min_rtt_ms": t.min_rtt.map(ms),
         "bdp_bytes": t.bdp_bytes,
         "readings": t.readings,
+        "peak_streams": t.peak_streams,
+        "peak_window_bytes": t.peak_window_bytes,
         "decisions": t.decisions.iter().map(|d| serde_json::json!({
             "at_s": (d.at_s * 1000.0).round() / 1000.0,
             "streams": d.streams,

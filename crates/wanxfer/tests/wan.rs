@@ -384,6 +384,72 @@ fn a_fabric_stream_at_long_rtt_gets_a_window_for_all_its_slots() {
     emu.stop().unwrap();
 }
 
+/// Issue 19, path (d): with no `--streams`, a fabric session's tuner sees its channels
+/// (counted by their blocks: no socket of ours carries them) and adds streams, each with
+/// its own slots, while the slots in flight are what limits it. Small blocks make the 4
+/// streams it starts with hold (4 x 5 x 128 KiB) under half this path's bandwidth-delay
+/// product, so a small file shows it; the session ends verified with more streams, and
+/// slots in flight, than it started with (it held its first streams for good before).
+#[test]
+fn a_tuned_fabric_session_adds_streams_to_fill_a_long_path() {
+    if skip() {
+        return;
+    }
+    if !fabric_available() {
+        return;
+    }
+    let emu = wan(
+        100,
+        LinkConfig {
+            rate_bps: 500_000_000,
+            buffer: 6_250_000,
+            ..LinkConfig::default()
+        },
+        23,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let fabric = ["--transport", "fabric", "--provider", "tcp"];
+    let server = serve_right(
+        &emu,
+        dir.path(),
+        &[&fabric[..], &["--allow-unencrypted"]].concat(),
+    );
+    let src = dir.path().join("src/tree");
+    fs::create_dir_all(&src).unwrap();
+    let data: Vec<u8> = (0..128u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    fs::write(src.join("big"), &data).unwrap();
+    drop(data);
+    let sizes = ["--depth", "4", "--block-size", "128K"];
+    let mut args: Vec<&OsStr> = fabric.iter().chain(&sizes).map(OsStr::new).collect();
+    args.extend(["--no-encryption", "--json"].map(OsStr::new));
+    let url = server.url("copy");
+    args.extend([src.as_os_str(), &url]);
+    let run = cp_via(emu.left(wanxfer_bin()), args);
+    let report = emu.stop().unwrap();
+    eprintln!("{run:?}\n{:?}", report.forward);
+    let json = run.assert_ok().json();
+    assert_same_tree(&src, &server.root.join("copy"), true);
+    assert_eq!(json["transport"], "fabric", "{json}");
+    assert_eq!(json["fabric_slots"], 5, "{json}");
+    let tuning = &json["tuning"];
+    assert_eq!(tuning["auto_streams"], true, "{json}");
+    assert!(tuning["readings"].as_u64().unwrap() >= 1, "{json}");
+    // A tuned fabric session starts with the 4 streams its pools are sized for.
+    let peak = tuning["peak_streams"].as_u64().unwrap();
+    assert!(
+        peak > 4,
+        "the tuner opened fabric channels beyond the 4 it started with: {json}"
+    );
+    assert_eq!(
+        tuning["peak_window_bytes"].as_u64(),
+        Some(peak * 5 * (128 << 10)),
+        "{json}"
+    );
+    assert_eq!(json["channels_lost"], 0, "{json}");
+}
+
 /// `wanxfer cp --json` of `bytes` synthetic bytes to the right host's `dev/null`, from the
 /// left host (issue 19: measurements of the path, not of a disk).
 fn synthetic_push(emu: &Emulator, server: &Server, bytes: &str, extra: &[&str]) -> Run {

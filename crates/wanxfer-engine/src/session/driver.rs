@@ -34,7 +34,7 @@ use wanxfer_session::{
 };
 
 use super::conn::ControlWriter;
-use super::steer::{DecisionReport, Sampled, Steer, TuneReport};
+use super::steer::{Counted, DecisionReport, Sampled, Steer, TuneReport};
 use super::Params;
 use crate::pool::{recv_or_cancel, Block, Cancel, Pool};
 use crate::progress::{CpuMeter, CpuTime, IoUse, PeerStatus, PoolKind, Progress};
@@ -385,24 +385,23 @@ impl Driver {
                 socket,
             })
         });
-        let progress = &self.setup.progress;
-        let decisions = steer.sample(
-            now,
-            progress.bytes.load(Ordering::Relaxed),
-            progress.channel_wait_us.load(Ordering::Relaxed),
-            self.control.tcp(),
-            channels,
-        );
         let streams = self
             .links
             .values()
             .filter(|slot| slot.closer.is_some() && !slot.retiring)
             .count();
-        progress.set_live_channels(
-            u16::try_from(streams).unwrap_or(u16::MAX),
-            steer.channel_reports(),
-            steer.delivered(),
-        );
+        let up = u16::try_from(streams).unwrap_or(u16::MAX);
+        let progress = &self.setup.progress;
+        // Fabric channels' bytes pass through no socket of ours: they are counted by
+        // their blocks, and each may have exactly its granted slots in flight.
+        let counted = Counted {
+            bytes: progress.bytes.load(Ordering::Relaxed),
+            waited_us: progress.channel_wait_us.load(Ordering::Relaxed),
+            block_counted_streams: (!tcp).then_some(up),
+            window_per_stream: self.setup.transport.link_window(),
+        };
+        let decisions = steer.sample(now, counted, self.control.tcp(), channels);
+        progress.set_live_channels(up, steer.channel_reports(), steer.delivered());
         for d in decisions {
             self.setup.progress.push_decision(DecisionReport::from(&d));
             tracing::info!(

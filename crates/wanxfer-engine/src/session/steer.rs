@@ -9,10 +9,20 @@
 //! timing the handshake and every message since, and on a sending side each data socket
 //! times its own segments.
 //!
+//! Fabric channels have no socket of their own to sample (the provider's are out of
+//! reach, and the TCP connection that bound each channel to the session carries nothing
+//! after the join): they are counted by the blocks they completed, and what each one may
+//! have in flight is known exactly, the slots its receiver grants. That window is the
+//! point: a fabric stream moves at most slots × block per round trip, so on a long fat
+//! path its count is what fills the bandwidth-delay product, and the tuner must see
+//! those streams to add them (fed none, it took no reading and held 2 streams, 42 MB in
+//! flight against a 100 MB product at 200 ms: `bench/runs/fabric-2026-11-24-pathd.md`).
+//!
 //! What it does not do: resize the block pools (fixed when the session is agreed), so the
 //! depth the measured bandwidth-delay product needs is reported, with whether the memory
-//! budget bounds it, rather than applied; and nothing on the server, which only accepts
-//! the channels the client opens.
+//! budget bounds it, rather than applied (more streams, each with its own slots, are how a
+//! fabric session grows its window); and nothing on the server, which only accepts the
+//! channels the client opens.
 
 use std::collections::BTreeMap;
 use std::net::TcpStream;
@@ -54,6 +64,12 @@ pub struct TuneReport {
     pub bdp_bytes: Option<u64>,
     /// Intervals the tuner measured.
     pub readings: u64,
+    /// The most channels up at once while the session ran.
+    pub peak_streams: u16,
+    /// Fabric: the most payload bytes its channels could have had in flight at once
+    /// (slots granted per channel × block size × channels up); `None` over TCP, whose
+    /// windows the kernel sizes.
+    pub peak_window_bytes: Option<u64>,
     pub decisions: Vec<DecisionReport>,
     pub channels: Vec<ChannelReport>,
 }
@@ -117,12 +133,31 @@ pub struct Steer {
     max_streams: u16,
     depth: u16,
     auto_streams: bool,
+    peak_streams: u16,
+    peak_window_bytes: Option<u64>,
 }
 
 /// A channel as the driver sees it when sampling.
 pub struct Sampled<'a> {
     pub index: u16,
     pub socket: &'a TcpStream,
+}
+
+/// What the session counted itself, beside what its sockets say.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Counted {
+    /// Payload bytes of the blocks moved.
+    pub bytes: u64,
+    /// Microseconds sending channels waited for a block to send (see
+    /// [`Measurement::waited_us`]).
+    pub waited_us: u64,
+    /// Channels whose bytes no socket of ours sees (fabric), up and not retiring: the
+    /// session's blocks are then its only count. `None` over TCP, where the sockets
+    /// sampled are the channels.
+    pub block_counted_streams: Option<u16>,
+    /// Payload bytes one such channel may have in flight: the slots its receiver grants
+    /// times the block size.
+    pub window_per_stream: Option<u64>,
 }
 
 impl Steer {
@@ -146,6 +181,8 @@ impl Steer {
             max_streams,
             depth,
             auto_streams,
+            peak_streams: 0,
+            peak_window_bytes: None,
         }
     }
 
@@ -170,8 +207,7 @@ impl Steer {
     pub fn sample<'a>(
         &mut self,
         now: Instant,
-        bytes: u64,
-        waited_us: u64,
+        counted: Counted,
         control: &TcpStream,
         channels: impl Iterator<Item = Sampled<'a>>,
     ) -> Vec<Decision> {
@@ -227,11 +263,22 @@ impl Steer {
         } else {
             self.control_rtt
         };
+        let mut window_bytes = None;
+        if let Some(n) = counted.block_counted_streams {
+            streams = n;
+            window_bytes = counted
+                .window_per_stream
+                .map(|w| w.saturating_mul(u64::from(n)));
+            self.peak_window_bytes = window_bytes.max(self.peak_window_bytes);
+        }
+        self.peak_streams = self.peak_streams.max(streams);
         // What the sockets say was delivered (acknowledged, or received), not the blocks
         // the session counted: a block is 4 MiB, a few percent of what a 1 Gbit/s path
-        // carries in a half-second reading, enough to fake a peak or a dip.
-        let bytes = if self.channels.is_empty() {
-            bytes
+        // carries in a half-second reading, enough to fake a peak or a dip. Fabric has
+        // only its blocks: its readings are longer than a long path's round trips make
+        // them anyway (a 200 ms path's spans hold dozens of blocks).
+        let bytes = if self.channels.is_empty() || counted.block_counted_streams.is_some() {
+            counted.bytes
         } else {
             self.pruned_bytes
                 + self
@@ -240,7 +287,7 @@ impl Steer {
                     .map(|c| self.moved(&c.info))
                     .sum::<u64>()
         };
-        if !self.channels.is_empty() {
+        if !self.channels.is_empty() && counted.block_counted_streams.is_none() {
             self.delivered = Some(bytes);
         }
         let m = Measurement {
@@ -252,7 +299,8 @@ impl Steer {
             segments_sent: self.ended_segments + if self.sending { segments } else { 0 },
             segments_retransmitted: self.ended_retransmits
                 + if self.sending { retransmits } else { 0 },
-            waited_us,
+            waited_us: counted.waited_us,
+            window_bytes,
         };
         self.tuner.handle_measurement(m);
         std::iter::from_fn(|| self.tuner.poll_decision()).collect()
@@ -321,6 +369,8 @@ impl Steer {
             min_rtt: self.min_rtt,
             bdp_bytes: self.tuner.measured_bdp(),
             readings: self.tuner.readings(),
+            peak_streams: self.peak_streams,
+            peak_window_bytes: self.peak_window_bytes,
             decisions,
             channels: self.channel_reports(),
         }
@@ -370,5 +420,67 @@ impl From<&Decision> for DecisionReport {
             pacing_bits_per_s: d.pacing_bits_per_s,
             reason: d.reason.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn config() -> TuneConfig {
+        TuneConfig {
+            start_streams: 2,
+            min_streams: 1,
+            max_streams: 16,
+            fixed_streams: false,
+            block_size: 4 << 20,
+            max_depth: 4,
+            rate_bits_per_s: None,
+            seed: 7,
+            may_pace: false,
+        }
+    }
+
+    /// Issue 19, path (d): fabric channels have no socket to sample, so the tuner was fed
+    /// 0 streams against the 2 it asked for, took no reading and never added one. Fed
+    /// the channels counted by their blocks, on a path where each stream moves its window
+    /// (5 slots of 4 MiB) per 200 ms round trip up to 4 Gbit/s, it adds streams until the
+    /// window covers the path, and reports the window it reached.
+    #[test]
+    fn fabric_streams_counted_by_blocks_are_tuned() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let control = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let mut steer = Steer::new(config(), true, None);
+        let window = 5 * (4u64 << 20);
+        let start = Instant::now();
+        let mut bytes = 0u64;
+        let mut streams = steer.wanted();
+        for tick in 1..=300u32 {
+            let goodput = (f64::from(streams) * window as f64 * 8.0 / 0.2).min(4e9);
+            bytes += (goodput * SAMPLE_EVERY.as_secs_f64() / 8.0) as u64;
+            let counted = Counted {
+                bytes,
+                waited_us: 0,
+                block_counted_streams: Some(streams),
+                window_per_stream: Some(window),
+            };
+            let now = start + SAMPLE_EVERY * tick;
+            for d in steer.sample(now, counted, &control, std::iter::empty()) {
+                streams = d.streams;
+            }
+        }
+        let report = steer.report();
+        assert!(report.readings > 0, "{report:?}");
+        assert!(
+            report.peak_streams >= 5,
+            "4 Gbit/s x 200 ms needs 5 windows of 21 MB: {report:?}"
+        );
+        assert!(report.streams > 2, "{report:?}");
+        assert_eq!(
+            report.peak_window_bytes,
+            Some(window * u64::from(report.peak_streams))
+        );
+        assert!(report.channels.is_empty(), "no socket was sampled");
     }
 }

@@ -273,6 +273,10 @@ impl Transport for FabricTransport {
         self.names.lock().expect("no panics while held").clone()
     }
 
+    fn link_window(&self) -> Option<u64> {
+        Some(u64::from(self.plan.slots) * self.max_payload as u64)
+    }
+
     fn accept(&self, joined: Joined) -> Result<Box<dyn Link>, Error> {
         let Side::Server { pairing } = &self.side else {
             return Err(Error::Internal(
@@ -498,7 +502,10 @@ fn send_blocks(
             let asked = std::time::Instant::now();
             sender.wait_event(ctx)?;
             if starved {
-                // The receiver's writers or its credit returns, not the path, held it.
+                // Every slot is out: on the path (a window smaller than the path's
+                // bandwidth-delay product waits here each round trip) or held by the
+                // receiver's writers. Either way not a wait for data: more streams,
+                // each with its own slots, may help.
                 ctx.progress
                     .fabric_credit_wait_us
                     .fetch_add(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -510,7 +517,14 @@ fn send_blocks(
         } else {
             BUSY_WAIT
         };
-        match queue.recv_timeout(wait) {
+        let asked = std::time::Instant::now();
+        let next = queue.recv_timeout(wait);
+        // A credit in hand and no block to write into it: the readers, not the network,
+        // kept this channel idle (the tuner adds no stream for that, as over TCP).
+        ctx.progress
+            .channel_wait_us
+            .fetch_add(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
+        match next {
             Ok(block) => {
                 let segments = seg_refs(&block);
                 if let Some(pacer) = &ctx.pacer {

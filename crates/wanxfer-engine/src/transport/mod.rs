@@ -97,6 +97,13 @@ pub trait Transport: Send + Sync {
     fn fabric_names(&self) -> Option<fabric::FabricNames> {
         None
     }
+
+    /// Payload bytes one link may have in flight, where the transport fixes it (fabric:
+    /// the slots the receiver grants, each a block); `None` where the kernel's window
+    /// decides (TCP).
+    fn link_window(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A data connection that joined a session, with the join it presented (whose proof is

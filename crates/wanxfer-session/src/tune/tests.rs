@@ -93,6 +93,8 @@ struct Transfer {
     started: Duration,
     /// (time, goodput) of each tick, for the assertions.
     log: Vec<(Duration, f64)>,
+    /// Bytes each stream may have in flight, where the session fixes it (fabric).
+    window_per_stream: Option<u64>,
 }
 
 impl Transfer {
@@ -102,6 +104,7 @@ impl Transfer {
             m: Measurement::default(),
             started,
             log: Vec::new(),
+            window_per_stream: None,
         }
     }
 
@@ -118,6 +121,9 @@ impl Transfer {
         self.m.segments_sent += segments;
         self.m.segments_retransmitted += (segments as f64 * loss) as u64;
         self.m.streams = self.streams();
+        self.m.window_bytes = self
+            .window_per_stream
+            .map(|w| w * u64::from(self.m.streams));
         self.m.rtt = Some(RTT);
         self.m.min_rtt = Some(RTT);
         self.m.waited_us += (waited * TICK.as_secs_f64() * 1e6 * f64::from(self.m.streams)) as u64;
@@ -280,6 +286,33 @@ fn converges_to_the_streams_a_window_limited_path_needs() {
             first_full <= secs(15),
             "seed {seed}: full at {first_full:?}"
         );
+    }
+}
+
+/// Issue 19, path (d): fabric streams each have a fixed window (10 MB of slots here, of
+/// which turnaround leaves 500 Mbit/s at 100 ms), and 4 fill a 2 Gbit/s path with 40 MB
+/// for a 25 MB product. Told the window, the controller stops doubling there and never
+/// asks for 8 streams, as it does (and measures them for nothing) without it.
+#[test]
+fn a_fixed_window_that_holds_the_path_stops_the_doubling() {
+    let path = Path::window_limited(2.0 * G, 500.0 * M);
+    for seed in 0..16 {
+        let most = |window: Option<u64>| {
+            let mut t = [Transfer::new(config(2), Duration::ZERO)];
+            t[0].window_per_stream = window;
+            run(&mut t, |_| path, secs(20), 0.03, seed);
+            let most = t[0].tuner.history().map(|d| d.streams).max();
+            (most.unwrap_or(0), t)
+        };
+        let (fabric, t) = most(Some(10_000_000));
+        assert!((4..8).contains(&fabric), "seed {seed}: {}", t[0].story());
+        assert!(
+            t[0].mean(secs(12), secs(20)) >= 0.9 * 2.0 * G,
+            "seed {seed}: {}",
+            t[0].story()
+        );
+        let (tcp, t) = most(None);
+        assert!(tcp >= 8, "seed {seed}: {}", t[0].story());
     }
 }
 
