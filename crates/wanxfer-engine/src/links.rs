@@ -2,8 +2,16 @@
 //! become hard links to the file its first name received, once that file is in place.
 //!
 //! A link entry names an earlier entry of the session (the decoder checks that within a
-//! frame; [`Links`] checks it across frames, as it remembers every file entry of the
-//! session). The first name's file may still be arriving when its other names are
+//! frame; [`Links`] checks it across frames, as it remembers the entries links may name).
+//! With a sender that marks the entries that may be linked to (`features::LINK_TARGETS`:
+//! the first names of files with several), only those are remembered, at most
+//! [`MAX_LINK_TARGETS`], so that a session of millions of files with a few links holds a
+//! few entries here, not millions. A conforming sender marks no more (its own table of
+//! such files has that bound); should one, the further marks are not remembered and a
+//! link to one fails alone, saying why: its data cannot be received instead, as no data
+//! travels for a link and the receiver no longer knows where the file it names is. With
+//! an older sender, which marks nothing, every file entry is remembered, as any may be
+//! linked to. The first name's file may still be arriving when its other names are
 //! announced, so a link waits for it: the committer links the waiting names right after
 //! it renames the file into place, in the same batch, so the names are durable together
 //! and acknowledged together. A file that fails fails its waiting names with it, each
@@ -26,7 +34,7 @@ use std::sync::{Arc, Mutex};
 
 use rustix::fs::AtFlags;
 use rustix::io::Errno;
-use wanxfer_proto::{EntryMeta, RelPath};
+use wanxfer_proto::{EntryMeta, RelPath, MAX_LINK_TARGETS};
 
 use crate::fs::{self, Root, TempFile};
 use crate::preserve::{self, Notes, Preserve};
@@ -75,12 +83,27 @@ pub enum Ready {
     Failed(Error),
 }
 
-/// The receiving session's file entries and the names that link to them.
+/// The receiving session's file entries that may be linked to, and the names that link
+/// to them.
 pub struct Links {
     root: Root,
     tag: u64,
     peer: String,
-    targets: Mutex<HashMap<u64, Target>>,
+    /// The sender marks link targets: only those are remembered, at most `bound`.
+    marked: bool,
+    bound: usize,
+    table: Mutex<Table>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    targets: HashMap<u64, Target>,
+    /// File entries taken in, remembered or not.
+    files: u64,
+    /// The first marked entry past [`MAX_LINK_TARGETS`], and how many were not
+    /// remembered.
+    forgotten_from: Option<u64>,
+    forgotten: u64,
 }
 
 impl std::fmt::Debug for Links {
@@ -90,14 +113,22 @@ impl std::fmt::Debug for Links {
 }
 
 impl Links {
-    /// `tag` names this transfer's temporaries; `peer` is blamed for a bad link.
-    pub fn new(root: &Root, tag: u64, peer: String) -> Result<Links, Error> {
+    /// `tag` names this transfer's temporaries; `peer` is blamed for a bad link;
+    /// `marked`: the peer marks the entries links may name.
+    pub fn new(root: &Root, tag: u64, peer: String, marked: bool) -> Result<Links, Error> {
         Ok(Links {
             root: root.try_clone()?,
             tag,
             peer,
-            targets: Mutex::default(),
+            marked,
+            bound: MAX_LINK_TARGETS,
+            table: Mutex::default(),
         })
+    }
+
+    /// How many entries are remembered now.
+    pub fn remembered(&self) -> usize {
+        self.lock().targets.len()
     }
 
     /// The root's descriptor (to sync its file system).
@@ -105,9 +136,21 @@ impl Links {
         self.root.fd()
     }
 
-    /// A file entry arrives at `dest`: other names may wait for it from now on.
-    pub fn file(&self, id: u64, dest: &RelPath) {
-        self.lock().insert(
+    /// A file entry arrives at `dest`, `linkable` if marked as a link target: other
+    /// names may wait for it from now on.
+    pub fn file(&self, id: u64, dest: &RelPath, linkable: bool) {
+        let mut table = self.lock();
+        table.files += 1;
+        if self.marked && !linkable {
+            return;
+        }
+        // Only a sender breaking the protocol's bound gets here past it: see the module.
+        if self.marked && table.targets.len() >= self.bound {
+            table.forgotten_from.get_or_insert(id);
+            table.forgotten += 1;
+            return;
+        }
+        table.targets.insert(
             id,
             Target {
                 dest: dest.clone(),
@@ -119,8 +162,8 @@ impl Links {
     /// File `id` is in place (`true`) or failed: the names waiting for it, to link now,
     /// or to fail with the error this returns for each.
     pub fn settle(&self, id: u64, placed: bool) -> Settled {
-        let mut targets = self.lock();
-        let Some(target) = targets.get_mut(&id) else {
+        let mut table = self.lock();
+        let Some(target) = table.targets.get_mut(&id) else {
             return Settled::default();
         };
         let waiting = match std::mem::replace(
@@ -155,7 +198,8 @@ impl Links {
     }
 
     /// Link entry `link` arrives: refused (ending the session) if its target is not a
-    /// file entry of this session that is not itself a link.
+    /// file entry of this session that is not itself a link (and is marked, when the
+    /// sender marks); failed alone if it is one of the marked entries not remembered.
     pub fn link(&self, link: Link) -> Result<Ready, Error> {
         let (id, to, own) = (link.id, link.target, link.dest.clone());
         let refuse = |why: &str| {
@@ -167,9 +211,24 @@ impl Links {
         if to >= id {
             return refuse("not an earlier entry");
         }
-        let mut targets = self.lock();
-        let Some(target) = targets.get_mut(&to) else {
-            return refuse("not a file");
+        let mut table = self.lock();
+        let forgotten = table.forgotten_from.is_some_and(|from| to >= from);
+        let Some(target) = table.targets.get_mut(&to) else {
+            if forgotten {
+                return Ok(Ready::Failed(Error::Refused {
+                    path: self.root.show(&link.dest),
+                    reason: format!(
+                        "not linked: it is another name of the file of entry {to}, one of \
+                         more than {MAX_LINK_TARGETS} files with several names in this \
+                         session, which is more than this side remembers"
+                    ),
+                }));
+            }
+            return refuse(if self.marked {
+                "not marked as a link target"
+            } else {
+                "not a file"
+            });
         };
         let ready = match &mut target.state {
             State::IsLink => return refuse("itself a link"),
@@ -182,13 +241,17 @@ impl Links {
                 Ready::Later
             }
         };
-        targets.insert(
-            id,
-            Target {
-                dest: own,
-                state: State::IsLink,
-            },
-        );
+        // Marked, a link is never a target (the decoder refuses the mark on one), so
+        // nothing need remember it.
+        if !self.marked {
+            table.targets.insert(
+                id,
+                Target {
+                    dest: own,
+                    state: State::IsLink,
+                },
+            );
+        }
         Ok(ready)
     }
 
@@ -322,8 +385,26 @@ impl Links {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Target>> {
-        self.targets.lock().expect("no panics while held")
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().expect("no panics while held")
+    }
+}
+
+impl Drop for Links {
+    fn drop(&mut self) {
+        let table = self.lock();
+        tracing::debug!(
+            "hardlinks: remembered {} of {} file entries ({}); {} marked past the bound \
+             not remembered",
+            table.targets.len(),
+            table.files,
+            if self.marked {
+                "those marked as link targets"
+            } else {
+                "all: the peer marks none"
+            },
+            table.forgotten,
+        );
     }
 }
 
@@ -334,4 +415,95 @@ pub struct Settled {
     pub link: Vec<(Link, RelPath)>,
     /// To fail with these errors.
     pub fail: Vec<(u64, Error)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn links(marked: bool, bound: usize) -> (tempfile::TempDir, Links) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::open(dir.path()).unwrap();
+        let mut links = Links::new(&root, 1, "peer".into(), marked).unwrap();
+        links.bound = bound;
+        (dir, links)
+    }
+
+    fn path(id: u64) -> RelPath {
+        RelPath::new(format!("f{id}").as_bytes()).unwrap()
+    }
+
+    fn link(id: u64, target: u64) -> Link {
+        Link {
+            id,
+            target,
+            dest: path(id),
+            mode: 0o644,
+            mtime_sec: 1,
+            mtime_nsec: 0,
+            meta: None,
+        }
+    }
+
+    /// A marking sender's plain files are not remembered; its marked ones are, and
+    /// only a link to one of those is taken.
+    #[test]
+    fn only_marked_files_are_remembered() {
+        let (_dir, links) = links(true, MAX_LINK_TARGETS);
+        for id in 0..10_000 {
+            links.file(id, &path(id), id % 1000 == 0);
+        }
+        assert_eq!(links.remembered(), 10);
+        assert!(matches!(links.link(link(10_000, 3000)), Ok(Ready::Later)));
+        assert_eq!(links.remembered(), 10, "a link is not remembered");
+        let refused = links.link(link(10_001, 3001)).unwrap_err().to_string();
+        assert!(refused.contains("not marked as a link target"), "{refused}");
+        // Settled: the waiting name is linked to the file's path.
+        let settled = links.settle(3000, true);
+        assert_eq!(settled.link.len(), 1);
+        assert_eq!(settled.link[0].1, path(3000));
+        assert!(matches!(links.link(link(10_002, 3000)), Ok(Ready::Now(..))));
+    }
+
+    /// Past the bound, marked files are not remembered, and a link to one fails alone,
+    /// saying why; a link to an unmarked file before the bound is still refused.
+    #[test]
+    fn marks_past_the_bound_fail_their_links_alone() {
+        let (_dir, links) = links(true, 2);
+        links.file(0, &path(0), false);
+        for id in 1..=4 {
+            links.file(id, &path(id), true);
+        }
+        assert_eq!(links.remembered(), 2);
+        assert!(matches!(links.link(link(5, 2)), Ok(Ready::Later)));
+        match links.link(link(6, 3)) {
+            Ok(Ready::Failed(e)) => {
+                let e = e.to_string();
+                assert!(
+                    e.contains("f6") && e.contains("more than this side remembers"),
+                    "{e}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            links.link(link(7, 0)).is_err(),
+            "unmarked, before the bound"
+        );
+        assert_eq!(links.remembered(), 2);
+    }
+
+    /// A sender that marks nothing (an older one): every file may be linked to, and
+    /// every file and link is remembered, as before.
+    #[test]
+    fn without_marks_every_file_is_remembered() {
+        let (_dir, links) = links(false, 2);
+        for id in 0..100 {
+            links.file(id, &path(id), false);
+        }
+        assert_eq!(links.remembered(), 100, "no bound without marks");
+        assert!(matches!(links.link(link(100, 42)), Ok(Ready::Later)));
+        let refused = links.link(link(101, 100)).unwrap_err().to_string();
+        assert!(refused.contains("itself a link"), "{refused}");
+    }
 }

@@ -174,6 +174,7 @@ pub fn read(
         xattrs: Vec::new(),
         data: None,
         link: None,
+        linkable: false,
     };
     if let (Some(fd), true, Kind::File) = (fd, preserve.sparse, meta.kind) {
         match data_ranges(fd, meta.size) {

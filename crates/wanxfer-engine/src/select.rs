@@ -32,7 +32,7 @@ use wanxfer_proto::{Entry, EntryKind, RelPath, SelectRule, Selection, MAX_PATTER
 
 use crate::preserve::Preserve;
 use crate::session::{ClientConfig, ClientJob};
-use crate::source::{Source, Walker, MAX_LINKED_FILES};
+use crate::source::{Source, Walker};
 use crate::Error;
 
 /// A [`Selection`] compiled for matching.
@@ -221,7 +221,10 @@ pub fn dry_run(
                 hardlinks: cfg.preserve.hardlinks,
                 ..Preserve::default()
             };
-            let mut walker = Walker::new(source).selecting(matcher).preserving(links);
+            let mut walker = Walker::new(source)
+                .selecting(matcher)
+                .preserving(links)
+                .marking_link_targets(true);
             // The first names of files with several, by entry id.
             let mut first_names: HashMap<u64, RelPath> = HashMap::new();
             let mut id = 0u64;
@@ -229,7 +232,7 @@ pub fn dry_run(
                 let walked = walked?;
                 let link = walked.entry.meta.as_ref().and_then(|m| m.link);
                 each(&walked.entry, link.and_then(|l| first_names.get(&l)));
-                if walked.names > 1 && link.is_none() && first_names.len() < MAX_LINKED_FILES {
+                if walked.entry.meta.as_ref().is_some_and(|m| m.linkable) {
                     first_names.insert(id, walked.entry.path.clone());
                 }
                 id += 1;

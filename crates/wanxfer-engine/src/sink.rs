@@ -241,6 +241,8 @@ pub struct SinkLimits {
     pub block_size: u64,
     /// What the session agreed to keep beyond mode and mtime.
     pub preserve: Preserve,
+    /// The sender marks the files links may name (see [`Links`]).
+    pub marked_links: bool,
 }
 
 impl Default for SinkLimits {
@@ -253,6 +255,7 @@ impl Default for SinkLimits {
             checkpoint_bytes: 64 << 20,
             block_size: 4 << 20,
             preserve: Preserve::default(),
+            marked_links: false,
         }
     }
 }
@@ -311,9 +314,12 @@ impl Sink {
             .is_some_and(|(root, _)| limits.write.is_direct_beneath(root.fd()));
         let notes = Arc::new(Notes::default());
         let links = match &target {
-            Some((root, _)) if limits.preserve.hardlinks => {
-                Some(Arc::new(Links::new(root, transfer_tag, peer.clone())?))
-            }
+            Some((root, _)) if limits.preserve.hardlinks => Some(Arc::new(Links::new(
+                root,
+                transfer_tag,
+                peer.clone(),
+                limits.marked_links,
+            )?)),
             _ => None,
         };
         let committer = match target {
@@ -432,7 +438,8 @@ impl Sink {
             .filter(|_| entry.kind == EntryKind::File);
         if let Some(links) = links {
             // Before it is placed: an empty file is committed (and settled) at once.
-            links.file(id, &dest);
+            let linkable = entry.meta.as_ref().is_some_and(|m| m.linkable);
+            links.file(id, &dest, linkable);
         }
         let placed = self.place_entry(root, id, &dest, entry);
         if let Some(links) = links {

@@ -239,12 +239,25 @@ pub struct Walker {
     /// `--preserve hardlinks`: the entry id of the first name listed of each file with
     /// more than one name, by device and inode.
     first_names: HashMap<(u64, u64), u64>,
+    /// The session marks those first names as link targets (`features::LINK_TARGETS`).
+    mark_targets: bool,
 }
 
 /// Most files with several names whose later names a walker links to the first; the
 /// names of files past it travel as independent files (noted), so that the table stays
-/// bounded (about 48 bytes an entry).
-pub const MAX_LINKED_FILES: usize = 1 << 20;
+/// bounded (about 48 bytes an entry). The protocol's bound on marked link targets, so a
+/// receiver that remembers that many always finds a link's target.
+pub const MAX_LINKED_FILES: usize = wanxfer_proto::MAX_LINK_TARGETS;
+
+/// What a file's name is to `--preserve hardlinks`.
+enum Name {
+    /// Its only name in the transfer so far, and no other is to be linked to it.
+    Only,
+    /// The first of several: later names link to it.
+    First,
+    /// Another name of the file first listed as this entry.
+    Later(u64),
+}
 
 impl Walker {
     pub fn new(source: &Source) -> Walker {
@@ -263,7 +276,15 @@ impl Walker {
             preserve: Preserve::default(),
             left_out: Vec::new(),
             first_names: HashMap::new(),
+            mark_targets: false,
         }
+    }
+
+    /// The first name of each file with several names is marked as a link target
+    /// ([`wanxfer_proto::EntryMeta::linkable`]), for a receiver that remembers only those.
+    pub fn marking_link_targets(mut self, mark: bool) -> Walker {
+        self.mark_targets = mark;
+        self
     }
 
     /// Entries carry what `preserve` asks (owner, group, attributes and ACLs).
@@ -390,12 +411,12 @@ impl Walker {
             meta: None,
         };
         let mut job = None;
-        let mut link = None;
+        let mut name = Name::Only;
         match meta.kind {
             Kind::File => {
                 entry.size = meta.size;
-                link = self.first_name(item, &rel, &meta, id);
-                if meta.size > 0 && link.is_none() {
+                name = self.first_name(item, &rel, &meta, id);
+                if meta.size > 0 && !matches!(name, Name::Later(_)) {
                     job = Some(FileJob {
                         id,
                         size: meta.size,
@@ -436,11 +457,16 @@ impl Walker {
         if !self.preserve.is_empty() {
             entry.meta = self.preserved(item, &base, &entry, &meta);
         }
-        if let Some(first) = link {
-            // Another name of a file listed already: it carries no data of its own.
-            let meta = entry.meta.get_or_insert_with(Box::default);
-            meta.data = None;
-            meta.link = Some(first);
+        match name {
+            Name::Only => {}
+            Name::First if !self.mark_targets => {}
+            Name::First => entry.meta.get_or_insert_with(Box::default).linkable = true,
+            Name::Later(first) => {
+                // Another name of a file listed already: it carries no data of its own.
+                let meta = entry.meta.get_or_insert_with(Box::default);
+                meta.data = None;
+                meta.link = Some(first);
+            }
         }
         self.next_id += 1;
         let names = if meta.kind == Kind::File {
@@ -451,15 +477,15 @@ impl Walker {
         Some(Ok(Walked { entry, job, names }))
     }
 
-    /// With `--preserve hardlinks`, the id of the entry that first listed another name
-    /// of file `meta` (which becomes entry `id`), if any.
-    fn first_name(&mut self, item: usize, rel: &RelPath, meta: &Meta, id: u64) -> Option<u64> {
+    /// With `--preserve hardlinks`, whether file `meta` (which becomes entry `id`) is
+    /// the first of several names, or which entry listed its first.
+    fn first_name(&mut self, item: usize, rel: &RelPath, meta: &Meta, id: u64) -> Name {
         if !self.preserve.hardlinks || meta.nlink < 2 {
-            return None;
+            return Name::Only;
         }
         let full = self.first_names.len() >= MAX_LINKED_FILES;
         match self.first_names.entry((meta.dev, meta.ino)) {
-            std::collections::hash_map::Entry::Occupied(first) => Some(*first.get()),
+            std::collections::hash_map::Entry::Occupied(first) => Name::Later(*first.get()),
             std::collections::hash_map::Entry::Vacant(_) if full => {
                 if self.left_out.len() < wanxfer_session::MAX_NOTES {
                     let shown = self.show(item, rel);
@@ -468,11 +494,11 @@ impl Walker {
                          names travel as separate files"
                     ));
                 }
-                None
+                Name::Only
             }
             std::collections::hash_map::Entry::Vacant(vacant) => {
                 vacant.insert(id);
-                None
+                Name::First
             }
         }
     }

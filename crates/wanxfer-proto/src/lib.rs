@@ -121,6 +121,16 @@ pub mod features {
     /// reads those messages without the new fields and refuses them as trailing bytes.
     pub const THIRD_PARTY_PRESERVE: u64 = 1 << 12;
 
+    // 13 and 14 are assigned elsewhere.
+
+    /// With [`crate::session_flags::PRESERVE_HARDLINKS`], the sender marks the file
+    /// entries that later entries may link to ([`crate::EntryMeta::linkable`]: files
+    /// with several names, at most [`crate::MAX_LINK_TARGETS`] of them), and a link
+    /// names only a marked entry; so the receiver remembers only those, not every file
+    /// of the session. Without it a link may name any earlier file, as a receiver that
+    /// does not know the mark refuses it as an unknown metadata field.
+    pub const LINK_TARGETS: u64 = 1 << 15;
+
     /// What this build implements.
     pub const SUPPORTED: u64 = BLOCK_CRC32C
         | FILE_XXH3_128
@@ -132,7 +142,8 @@ pub mod features {
         | PRESERVE
         | PIPELINE
         | SESSION_STATUS
-        | THIRD_PARTY_PRESERVE;
+        | THIRD_PARTY_PRESERVE
+        | LINK_TARGETS;
 
     /// The features a session between these two sides uses.
     pub const fn negotiate(ours: u64, theirs: u64) -> u64 {

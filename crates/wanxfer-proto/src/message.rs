@@ -46,6 +46,10 @@ pub const MAX_XATTRS_PER_ENTRY: usize = 128;
 /// Most data ranges one sparse entry lists ([`EntryMeta::data`]); a file with more
 /// travels dense.
 pub const MAX_DATA_RANGES_PER_ENTRY: usize = 1024;
+/// Most entries of one session a sender marks as link targets
+/// ([`EntryMeta::linkable`], with [`crate::features::LINK_TARGETS`]): the bound of the
+/// sender's table of files with several names, and of the receiver's of marked entries.
+pub const MAX_LINK_TARGETS: usize = 1 << 20;
 /// Longest extended attribute name: Linux's `XATTR_NAME_MAX`.
 pub const MAX_XATTR_NAME_BYTES: usize = 255;
 /// Largest extended attribute value: Linux's `XATTR_SIZE_MAX`.
@@ -377,6 +381,10 @@ pub struct EntryMeta {
     /// link. No data travels for it (it has no data ranges); the receiver links it to
     /// that entry's file once that one is in place.
     pub link: Option<u64>,
+    /// With [`crate::features::LINK_TARGETS`]: this file has other names, which later
+    /// entries may link to (`link`); only a file that is not itself a link is marked,
+    /// and a link names only a marked entry. No payload: one bit of the fields byte.
+    pub linkable: bool,
 }
 
 impl EntryMeta {
@@ -399,6 +407,7 @@ impl EntryMeta {
             && self.xattrs.is_empty()
             && self.data.is_none()
             && self.link.is_none()
+            && !self.linkable
     }
 }
 
@@ -406,6 +415,31 @@ impl EntryMeta {
 pub struct Manifest {
     pub first_id: u64,
     pub entries: Vec<Entry>,
+}
+
+impl Manifest {
+    /// With [`crate::features::LINK_TARGETS`] (which the decoder cannot know): each link
+    /// to an entry of this frame names one marked [`EntryMeta::linkable`]. A link to an
+    /// entry of an earlier frame is the receiver's to check, which remembers the marked.
+    pub fn check_marked_links(&self) -> Result<(), DecodeError> {
+        for (i, entry) in self.entries.iter().enumerate() {
+            let Some(target) = entry.meta.as_ref().and_then(|m| m.link) else {
+                continue;
+            };
+            let id = self.first_id.saturating_add(i as u64);
+            let earlier = target
+                .checked_sub(self.first_id)
+                .and_then(|t| self.entries[..i].get(t as usize));
+            if earlier.is_some_and(|t| !t.meta.as_ref().is_some_and(|m| m.linkable)) {
+                return Err(DecodeError::Link {
+                    id,
+                    target,
+                    reason: "not marked as a link target",
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1194,7 +1228,9 @@ const META_GID: u8 = 1 << 1;
 const META_XATTRS: u8 = 1 << 2;
 const META_DATA: u8 = 1 << 3;
 const META_LINK: u8 = 1 << 4;
-const META_ALL: u8 = META_UID | META_GID | META_XATTRS | META_DATA | META_LINK;
+/// No payload: [`EntryMeta::linkable`].
+const META_LINKABLE: u8 = 1 << 5;
+const META_ALL: u8 = META_UID | META_GID | META_XATTRS | META_DATA | META_LINK | META_LINKABLE;
 
 fn encode_entry(entry: &Entry, e: &mut Encoder) {
     let kind = match entry.kind {
@@ -1232,6 +1268,9 @@ fn encode_meta(meta: &EntryMeta, e: &mut Encoder) {
     }
     if meta.link.is_some() {
         present |= META_LINK;
+    }
+    if meta.linkable {
+        present |= META_LINKABLE;
     }
     e.u8(present);
     if let Some(uid) = meta.uid {
@@ -1338,6 +1377,7 @@ fn decode_meta(d: &mut Decoder) -> Result<EntryMeta, DecodeError> {
     if present & META_LINK != 0 {
         meta.link = Some(d.u64()?);
     }
+    meta.linkable = present & META_LINKABLE != 0;
     Ok(meta)
 }
 
@@ -1419,6 +1459,11 @@ fn decode_entry(d: &mut Decoder) -> Result<Entry, DecodeError> {
         if meta.link.is_some() && (entry.kind != EntryKind::File || meta.data.is_some()) {
             return Err(DecodeError::Invalid(
                 "a hard link that is not a file, or that lists data ranges",
+            ));
+        }
+        if meta.linkable && (entry.kind != EntryKind::File || meta.link.is_some()) {
+            return Err(DecodeError::Invalid(
+                "a link target that is not a file, or that is itself a link",
             ));
         }
         entry.meta = Some(Box::new(meta));

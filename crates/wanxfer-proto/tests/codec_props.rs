@@ -54,6 +54,7 @@ fn entry_meta() -> impl Strategy<Value = Option<Box<EntryMeta>>> {
                         .collect(),
                     data: None,
                     link: None,
+                    linkable: false,
                 })
             }),
     )
@@ -917,16 +918,23 @@ fn a_session_status_beyond_its_pools_is_refused() {
 
 /// Entries `0..n` of a manifest starting at `first_id`, entry `i` linking to `links[i]`.
 fn linked_manifest(first_id: u64, links: &[Option<u64>]) -> Vec<u8> {
+    marked_manifest(first_id, links, &[])
+}
+
+/// [`linked_manifest`], the entries at `marked` marked as link targets.
+fn marked_manifest(first_id: u64, links: &[Option<u64>], marked: &[usize]) -> Vec<u8> {
     let entries = links
         .iter()
         .enumerate()
         .map(|(i, link)| {
+            let linkable = marked.contains(&i);
             let mut e = entry_with(EntryMeta {
                 link: *link,
+                linkable,
                 ..EntryMeta::default()
             });
             e.path = RelPath::new(format!("f{i}").as_bytes()).unwrap();
-            e.meta = link.is_some().then(|| e.meta.take().unwrap());
+            e.meta = (link.is_some() || linkable).then(|| e.meta.take().unwrap());
             e
         })
         .collect();
@@ -1041,4 +1049,89 @@ fn hard_links_only_go_back_to_a_file_that_is_not_a_link() {
             decode_frame(&frame)
         );
     }
+}
+
+proptest! {
+    /// With features::LINK_TARGETS: the first name of each group is marked, the mark
+    /// round-trips, its frame passes the receiver's check, and every truncation fails.
+    #[test]
+    fn marked_link_targets_round_trip(
+        first_id in 0u64..1 << 50,
+        groups in prop::collection::vec(0usize..4, 1..20),
+    ) {
+        let (mut links, mut marked) = (Vec::new(), Vec::new());
+        for extra in groups {
+            let first = first_id + links.len() as u64;
+            if extra > 0 {
+                marked.push(links.len());
+            }
+            links.push(None);
+            links.extend(std::iter::repeat_n(Some(first), extra));
+        }
+        let frame = marked_manifest(first_id, &links, &marked);
+        let Ok(Message::Manifest(m)) = decode_frame(&frame) else {
+            panic!("links to marked files decode");
+        };
+        let got: Vec<usize> = (0..m.entries.len())
+            .filter(|&i| m.entries[i].meta.as_ref().is_some_and(|m| m.linkable))
+            .collect();
+        prop_assert_eq!(got, marked);
+        prop_assert!(m.check_marked_links().is_ok());
+        for cut in 1..frame.len() - FrameHeader::LEN {
+            prop_assert!(decode_frame(&frame[..frame.len() - cut]).is_err());
+        }
+    }
+}
+
+#[test]
+fn a_marked_session_links_only_to_marked_entries() {
+    let manifest = |links: &[Option<u64>], marked: &[usize]| match decode_frame(&marked_manifest(
+        10, links, marked,
+    )) {
+        Ok(Message::Manifest(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    // Unmarked targets decode (a session without the feature links to any file)...
+    let unmarked = manifest(&[None, Some(10), None, Some(12)], &[0]);
+    // ...but are refused where the session marks them.
+    assert_eq!(
+        unmarked.check_marked_links(),
+        Err(DecodeError::Link {
+            id: 13,
+            target: 12,
+            reason: "not marked as a link target"
+        })
+    );
+    assert!(manifest(&[None, Some(10), None, Some(12)], &[0, 2])
+        .check_marked_links()
+        .is_ok());
+    // A target in an earlier frame is the receiver's to check.
+    assert!(manifest(&[Some(3), None], &[1])
+        .check_marked_links()
+        .is_ok());
+
+    // Only a file that is not itself a link is marked.
+    let marked_link = marked_manifest(10, &[None, Some(10)], &[0, 1]);
+    assert!(
+        matches!(decode_frame(&marked_link), Err(DecodeError::Invalid(_))),
+        "a marked link"
+    );
+    let mut dir = entry_with(EntryMeta {
+        linkable: true,
+        ..EntryMeta::default()
+    });
+    dir.kind = EntryKind::Dir;
+    dir.size = 0;
+    let mut buf = Vec::new();
+    encode_frame(
+        &Message::Manifest(Manifest {
+            first_id: 0,
+            entries: vec![dir],
+        }),
+        &mut buf,
+    );
+    assert!(
+        matches!(decode_frame(&buf), Err(DecodeError::Invalid(_))),
+        "a marked directory"
+    );
 }

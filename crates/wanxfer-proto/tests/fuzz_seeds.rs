@@ -187,6 +187,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                         ],
                         data: None,
                         link: None,
+                        linkable: false,
                     })),
                 }],
             }),
@@ -231,6 +232,30 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                                 ..EntryMeta::default()
                             })
                         }),
+                    })
+                    .collect(),
+            }),
+        ),
+        (
+            "manifest-link-targets",
+            Message::Manifest(Manifest {
+                first_id: 7,
+                entries: ["a/data", "b/data", "c/data"]
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, name)| Entry {
+                        kind: EntryKind::File,
+                        path: path(name),
+                        size: 4096,
+                        mode: 0o644,
+                        mtime_sec: 1,
+                        mtime_nsec: 0,
+                        link_target: vec![],
+                        meta: Some(Box::new(EntryMeta {
+                            link: (i > 0).then_some(7),
+                            linkable: i == 0,
+                            ..EntryMeta::default()
+                        })),
                     })
                     .collect(),
             }),

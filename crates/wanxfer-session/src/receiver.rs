@@ -25,6 +25,9 @@ pub struct ReceiverConfig {
     /// Report a channel's count once this many blocks arrived on it since the last
     /// report (the sender's ledger shrinks as it learns).
     pub status_every: u64,
+    /// The session marks link targets (`features::LINK_TARGETS` with
+    /// `PRESERVE_HARDLINKS`): a link to an unmarked entry of its frame is refused here.
+    pub marked_links: bool,
 }
 
 /// What the driver found when it applied an entry to its disk.
@@ -126,6 +129,10 @@ impl ReceiverMachine {
             Message::Manifest(m) => {
                 if m.first_id != self.next_id || self.end.is_some() {
                     return Err(protocol("manifest entries out of order"));
+                }
+                if self.cfg.marked_links {
+                    m.check_marked_links()
+                        .map_err(|e| protocol(e.to_string()))?;
                 }
                 for entry in m.entries {
                     let id = self.next_id;
@@ -480,6 +487,7 @@ mod tests {
             stall_timeout: Duration::from_secs(10),
             idle_timeout: None,
             status_every: 2,
+            marked_links: false,
         }
     }
 
@@ -506,6 +514,45 @@ mod tests {
 
     fn drain(m: &mut ReceiverMachine, now: Instant) -> Vec<Message> {
         std::iter::from_fn(|| m.poll_transmit(now)).collect()
+    }
+
+    /// With marked link targets, a frame's link to an unmarked file of the frame ends
+    /// the session; without, it is taken (an older sender marks nothing).
+    #[test]
+    fn a_marked_session_refuses_a_link_to_an_unmarked_file() {
+        let linked = |mark: bool| {
+            let mut first = entry("a", EntryKind::File, 1);
+            first.meta = mark.then(|| {
+                Box::new(wanxfer_proto::EntryMeta {
+                    linkable: true,
+                    ..Default::default()
+                })
+            });
+            let mut second = entry("b", EntryKind::File, 1);
+            second.meta = Some(Box::new(wanxfer_proto::EntryMeta {
+                link: Some(0),
+                ..Default::default()
+            }));
+            manifest(0, vec![first, second])
+        };
+        let now = Instant::now();
+        let marked = ReceiverConfig {
+            marked_links: true,
+            ..cfg()
+        };
+        let err = ReceiverMachine::new(marked.clone(), now)
+            .handle_message(now, linked(false))
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("not marked as a link target"),
+            "{err}"
+        );
+        ReceiverMachine::new(marked, now)
+            .handle_message(now, linked(true))
+            .unwrap();
+        ReceiverMachine::new(cfg(), now)
+            .handle_message(now, linked(false))
+            .unwrap();
     }
 
     /// Blocks arriving are progress; keepalives alone are not, and the session ends once

@@ -784,6 +784,74 @@ fn a_dry_run_lists_the_other_names_of_a_file_as_links_to_its_first() {
     assert_eq!(run.assert_ok().json()["bytes"], once + 2 * LINKED_SIZE);
 }
 
+/// Many plain files and a few with several names (`features::LINK_TARGETS`): the few
+/// land linked, pushed and pulled with `-a`, and the receiver remembers only the first
+/// name of each linked file, not every file entry (its debug line says how many).
+#[test]
+fn among_many_plain_files_the_receiver_remembers_only_the_linked_ones() {
+    const PLAIN: usize = 2000;
+    let site = Site::new();
+    let src = site.path("src/data");
+    for d in 0..4 {
+        fs::create_dir_all(src.join(format!("d{d}"))).unwrap();
+    }
+    for i in 0..PLAIN {
+        fs::write(src.join(format!("d{}/f{i}", i % 4)), format!("plain {i}\n")).unwrap();
+    }
+    // Three files: two names, three names (in two directories), two names.
+    let groups: [&[&str]; 3] = [
+        &["d0/g0", "d1/g0-too"],
+        &["d1/g1", "d2/g1-too", "d3/g1-also"],
+        &["d3/g2", "d3/g2-too"],
+    ];
+    for (g, names) in groups.iter().enumerate() {
+        write_pattern(&src.join(names[0]), 100_000 + g as u64, 20 + g as u64);
+        for name in &names[1..] {
+            fs::hard_link(src.join(names[0]), src.join(name)).unwrap();
+        }
+    }
+    let assert_groups = |at: &Path, run: &Run| {
+        for names in groups {
+            let metas: Vec<_> = names
+                .iter()
+                .map(|n| fs::metadata(at.join(n)).unwrap())
+                .collect();
+            assert!(
+                metas
+                    .iter()
+                    .all(|m| m.ino() == metas[0].ino() && m.nlink() == names.len() as u64),
+                "{names:?} under {}: {run:#?}",
+                at.display()
+            );
+        }
+        assert_eq!(fs::metadata(at.join("d2/f2")).unwrap().nlink(), 1);
+    };
+    let files = PLAIN + groups.iter().map(|g| g.len()).sum::<usize>();
+
+    let run = cp(args(&["-a", "--json"], &src, site.server.url("pushed")));
+    run.assert_ok();
+    let pushed = site.root().join("pushed");
+    assert_same_tree(&src, &pushed, false);
+    assert_groups(&pushed, &run);
+    assert_eq!(run.json()["files"], files as u64, "{run:#?}");
+
+    // Pulled, the receiver is this side, whose debug line the test can read.
+    let pulled = site.path("pulled");
+    let mut cmd = cp_command(args(&["-a", "--json"], site.server.url("pushed"), &pulled));
+    cmd.env("RUST_LOG", "wanxfer_engine::links=debug");
+    let run = Run::from_cmd(cmd);
+    run.assert_ok();
+    assert_same_tree(&src, &pulled, false);
+    assert_groups(&pulled, &run);
+    // Each linked file's first name; its other names link to it, and travel no data.
+    let plain_files = PLAIN + groups.len();
+    let line = format!(
+        "hardlinks: remembered {} of {plain_files} file entries (those marked as link targets)",
+        groups.len()
+    );
+    run.assert_stderr_mentions(&line);
+}
+
 /// Issue 20 (--preserve hardlinks): a push killed while the linked file's data is on its
 /// way finishes on a re-run with the file's names linked.
 #[test]

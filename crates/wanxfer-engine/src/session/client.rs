@@ -696,6 +696,7 @@ fn run_once(
                 block_size: u64::from(params.block_size),
                 checkpoint_bytes: checkpoint_bytes(&params),
                 preserve: params.preserve,
+                marked_links: params.marks_link_targets(),
                 ..SinkLimits::default()
             };
             let report: crate::commit::Report = Arc::new(move |id, result| {

@@ -1046,7 +1046,8 @@ impl Driver {
         let mut walker = match early {
             None => Walker::new(source)
                 .selecting(selection)
-                .preserving(p.preserve),
+                .preserving(p.preserve)
+                .marking_link_targets(p.marks_link_targets()),
             Some(early) => {
                 // Announced with the request: booked under ids 0.. without sending them
                 // again, then the walk goes on where it stopped.
@@ -1410,6 +1411,7 @@ impl Driver {
                 stall_timeout: p.stall_timeout,
                 idle_timeout: p.idle_timeout,
                 status_every: STATUS_EVERY,
+                marked_links: p.marks_link_targets(),
             },
             now,
         );

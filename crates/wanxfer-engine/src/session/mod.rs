@@ -305,6 +305,12 @@ impl Params {
         }
     }
 
+    /// `--preserve hardlinks` with a peer that marks link targets (or wants them
+    /// marked): the receiver remembers only the marked files.
+    pub fn marks_link_targets(&self) -> bool {
+        self.preserve.hardlinks && self.features & wanxfer_proto::features::LINK_TARGETS != 0
+    }
+
     /// Settles `--io auto` for this session's peer (see [`IoMode::resolve`]): the readers
     /// read every byte when a checksum or a digest needs them.
     pub fn resolve_io(&mut self, peer_on_this_host: bool) {

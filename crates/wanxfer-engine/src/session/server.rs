@@ -1357,6 +1357,7 @@ impl Connection {
                         block_size: u64::from(params.block_size),
                         checkpoint_bytes: super::client::checkpoint_bytes(&params),
                         preserve: params.preserve,
+                        marked_links: params.marks_link_targets(),
                     },
                     journal,
                     report,

@@ -574,6 +574,7 @@ pub fn run(data: &[u8]) -> Reached {
                 stall_timeout,
                 idle_timeout: None,
                 status_every,
+                marked_links: false,
             },
             base,
         )),

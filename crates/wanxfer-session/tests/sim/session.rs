@@ -526,6 +526,7 @@ impl<'w> Session<'w> {
                     stall_timeout: cfg.stall_timeout,
                     idle_timeout: None,
                     status_every: cfg.status_every,
+                    marked_links: false,
                 },
                 base,
             ),
