@@ -270,6 +270,14 @@ def tree_stats(path):
     return files, byts
 
 
+def line_rate(line):
+    """A --progress-json line's rate in bit/s: what the data sockets delivered
+    (`network_bits_per_s`) where the client sampled them, else the block count
+    (`bits_per_s`, which steps by whole 4 MiB blocks)."""
+    network = line.get("network_bits_per_s")
+    return line["bits_per_s"] if network is None else network
+
+
 def best(runs, key="gbit"):
     return max(runs, key=lambda r: r[key])
 

@@ -67,8 +67,7 @@ def run(name, gap, after, window, timeout):
         # The sockets' rate where the client sampled them (`network_bits_per_s`); the
         # block count (`bits_per_s`) steps by 4 MiB and is kept beside it.
         series.append([{"t_s": starts[i] - t0 + p["t_s"],
-                        "bits_per_s": p["bits_per_s"] if p.get("network_bits_per_s") is None
-                        else p["network_bits_per_s"],
+                        "bits_per_s": benchlib.line_rate(p),
                         "block_bits_per_s": p["bits_per_s"], "streams": p.get("streams"),
                         "retransmits": sum(c.get("retransmits") or 0 for c in p.get("channels") or [])}
                        for p in progress])

@@ -197,8 +197,7 @@ def wanxfer(path, size, flags, timeout=3600, progress=False):
         # What the data sockets delivered (`network_bits_per_s`): the block count
         # (`bits_per_s`) steps by 4 MiB a line, 7% of a second at 500 Mbit/s.
         row["progress"] = [{"t_s": (starts[0] - t0 if starts else 0) + p["t_s"],
-                            "bits_per_s": p["bits_per_s"] if p.get("network_bits_per_s") is None
-                            else p["network_bits_per_s"],
+                            "bits_per_s": benchlib.line_rate(p),
                             "block_bits_per_s": p["bits_per_s"], "streams": p.get("streams")}
                            for p in map(json.loads, lines[:-1]) if p.get("event") == "progress"]
     return row

@@ -211,55 +211,8 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                 }],
             }),
         ),
-        (
-            "manifest-hardlinks",
-            Message::Manifest(Manifest {
-                first_id: 7,
-                entries: ["a/data", "b/data", "c/data"]
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, name)| Entry {
-                        kind: EntryKind::File,
-                        path: path(name),
-                        size: 4096,
-                        mode: 0o644,
-                        mtime_sec: 1,
-                        mtime_nsec: 0,
-                        link_target: vec![],
-                        meta: (i > 0).then(|| {
-                            Box::new(EntryMeta {
-                                link: Some(7),
-                                ..EntryMeta::default()
-                            })
-                        }),
-                    })
-                    .collect(),
-            }),
-        ),
-        (
-            "manifest-link-targets",
-            Message::Manifest(Manifest {
-                first_id: 7,
-                entries: ["a/data", "b/data", "c/data"]
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, name)| Entry {
-                        kind: EntryKind::File,
-                        path: path(name),
-                        size: 4096,
-                        mode: 0o644,
-                        mtime_sec: 1,
-                        mtime_nsec: 0,
-                        link_target: vec![],
-                        meta: Some(Box::new(EntryMeta {
-                            link: (i > 0).then_some(7),
-                            linkable: i == 0,
-                            ..EntryMeta::default()
-                        })),
-                    })
-                    .collect(),
-            }),
-        ),
+        ("manifest-hardlinks", three_names_of_one_file(false)),
+        ("manifest-link-targets", three_names_of_one_file(true)),
         (
             "note",
             Message::Note {
@@ -312,6 +265,34 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     h.encode(&segs, &mut buf);
     out.push(("block_header", "one_segment", buf));
     out
+}
+
+/// A file under three names: the later two link to entry 7, which the sender `marks` as
+/// a link target (`LINK_TARGETS`) or not.
+fn three_names_of_one_file(marks: bool) -> Message {
+    Message::Manifest(Manifest {
+        first_id: 7,
+        entries: ["a/data", "b/data", "c/data"]
+            .into_iter()
+            .enumerate()
+            .map(|(i, name)| Entry {
+                kind: EntryKind::File,
+                path: RelPath::new(name.as_bytes()).unwrap(),
+                size: 4096,
+                mode: 0o644,
+                mtime_sec: 1,
+                mtime_nsec: 0,
+                link_target: vec![],
+                meta: (i > 0 || marks).then(|| {
+                    Box::new(EntryMeta {
+                        link: (i > 0).then_some(7),
+                        linkable: marks && i == 0,
+                        ..EntryMeta::default()
+                    })
+                }),
+            })
+            .collect(),
+    })
 }
 
 #[test]

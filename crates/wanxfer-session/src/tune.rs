@@ -396,9 +396,9 @@ pub struct Tuner {
     /// The goodput, streams and loss of the reading before this one: what loss is judged
     /// against when no count is held (after streams were shed).
     previous: Option<(f64, u16, f64)>,
-    /// The reading before this one if it ran at the same streams and pacing, and over
-    /// how many seconds: two such readings differ only by the path's noise.
-    same_as_before: Option<(f64, f64)>,
+    /// The goodput of the reading before this one if it ran at the same streams and
+    /// pacing: two such readings differ only by the path's noise.
+    same_as_before: Option<f64>,
     /// The last reading lost more than [`LOSS_BACKOFF`] at a cost to goodput.
     costly_loss: bool,
     /// The readings' relative spread as it would be over one second (mean absolute
@@ -554,7 +554,7 @@ impl Tuner {
         }
         self.span_start = Some(m);
         if let Some(mid) = self.span_mid.take() {
-            self.note_halves(&reading(&start, &mid), &reading(&mid, &m), &start, &mid, &m);
+            self.note_halves(&start, &mid, &m);
         }
         let reading = reading(&start, &m);
         self.note_noise(m.at.saturating_sub(start.at), &reading);
@@ -866,36 +866,27 @@ impl Tuner {
     /// swing by ±50%, which read at face value are path changes, costly loss and won
     /// probes, one after another.
     fn note_noise(&mut self, span: Duration, r: &Reading) {
-        let seconds = span.as_secs_f64();
         let g = r.goodput_bits_per_s;
-        if let Some((before, _)) = self.same_as_before {
-            let mean = 0.5 * (g + before);
-            if mean > 0.0 {
-                // |a − b| of two readings is √2 times either one's deviation.
-                let deviation = ((g - before).abs() / mean / std::f64::consts::SQRT_2).min(1.0);
-                self.mix_noise(deviation * seconds.sqrt());
-            }
+        if let Some(deviation) = self.same_as_before.and_then(|before| deviation(g, before)) {
+            self.mix_noise(deviation * span.as_secs_f64().sqrt());
         }
-        self.same_as_before = Some((g, seconds));
+        self.same_as_before = Some(g);
     }
 
     /// The two halves of one reading differ by the path's noise and whatever the
     /// streams still settle: a sample of the spread at every reading, probing or not.
-    fn note_halves(
-        &mut self,
-        first: &Reading,
-        second: &Reading,
-        start: &Measurement,
-        mid: &Measurement,
-        end: &Measurement,
-    ) {
-        let (a, b) = (first.goodput_bits_per_s, second.goodput_bits_per_s);
-        let half = 0.5 * end.at.saturating_sub(start.at).as_secs_f64();
-        if a + b <= 0.0 || mid.at <= start.at || end.at <= mid.at {
+    fn note_halves(&mut self, start: &Measurement, mid: &Measurement, end: &Measurement) {
+        if mid.at <= start.at || end.at <= mid.at {
             return;
         }
-        let deviation = ((a - b).abs() / (0.5 * (a + b)) / std::f64::consts::SQRT_2).min(1.0);
-        self.mix_noise(deviation * half.sqrt());
+        let (a, b) = (
+            reading(start, mid).goodput_bits_per_s,
+            reading(mid, end).goodput_bits_per_s,
+        );
+        if let Some(deviation) = deviation(a, b) {
+            let half = 0.5 * end.at.saturating_sub(start.at).as_secs_f64();
+            self.mix_noise(deviation * half.sqrt());
+        }
     }
 
     /// Each sample counts at most twice the spread known so far (or [`NOISE_TARGET`]):
@@ -1128,6 +1119,14 @@ impl Tuner {
 /// down in a few intervals and a small one by single streams.
 fn shed_step(n: u16) -> u16 {
     (n / 4).max(1)
+}
+
+/// The relative deviation of either of two readings of one thing from their mean, as
+/// their difference shows it (|a − b| is √2 times either one's deviation); capped at 1,
+/// `None` if both are 0.
+fn deviation(a: f64, b: f64) -> Option<f64> {
+    let mean = 0.5 * (a + b);
+    (mean > 0.0).then(|| ((a - b).abs() / mean / std::f64::consts::SQRT_2).min(1.0))
 }
 
 /// Goodput, loss and utility over the span between two measurements.

@@ -349,6 +349,20 @@ fn a_fabric_stream_at_long_rtt_gets_a_window_for_all_its_slots() {
     if !fabric_available() {
         return;
     }
+    let json = fabric_copy_at_100ms(
+        19,
+        12,
+        &["--streams", "1", "--depth", "15", "--block-size", "256K"],
+    );
+    assert_eq!(json["transport"], "fabric", "{json}");
+    assert_eq!(json["fabric_slots"], 16, "{json}");
+    assert_eq!(json["fabric_control_credits"], 34, "{json}");
+}
+
+/// Copies one file of `mib` MiB over fabric (tcp provider, unencrypted) through a
+/// 100 ms, 500 Mbit/s path (emulator seed `seed`) with the tuning flags `sizes`, and
+/// returns `--json`'s summary once the copy succeeded and arrived identical.
+fn fabric_copy_at_100ms(seed: u64, mib: u32, sizes: &[&str]) -> serde_json::Value {
     let emu = wan(
         100,
         LinkConfig {
@@ -356,7 +370,7 @@ fn a_fabric_stream_at_long_rtt_gets_a_window_for_all_its_slots() {
             buffer: 6_250_000,
             ..LinkConfig::default()
         },
-        19,
+        seed,
     );
     let dir = tempfile::tempdir().unwrap();
     let fabric = ["--transport", "fabric", "--provider", "tcp"];
@@ -367,21 +381,21 @@ fn a_fabric_stream_at_long_rtt_gets_a_window_for_all_its_slots() {
     );
     let src = dir.path().join("src/tree");
     fs::create_dir_all(&src).unwrap();
-    let data: Vec<u8> = (0..12u32 << 20)
+    let data: Vec<u8> = (0..mib << 20)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
     fs::write(src.join("big"), &data).unwrap();
-    let sizes = ["--streams", "1", "--depth", "15", "--block-size", "256K"];
-    let mut args: Vec<&OsStr> = fabric.iter().chain(&sizes).map(OsStr::new).collect();
+    drop(data);
+    let mut args: Vec<&OsStr> = fabric.iter().chain(sizes).map(OsStr::new).collect();
     args.extend(["--no-encryption", "--json"].map(OsStr::new));
     let url = server.url("copy");
     args.extend([src.as_os_str(), &url]);
-    let json = cp_via(emu.left(wanxfer_bin()), args).assert_ok().json();
+    let run = cp_via(emu.left(wanxfer_bin()), args);
+    let report = emu.stop().unwrap();
+    eprintln!("{run:?}\n{:?}", report.forward);
+    let json = run.assert_ok().json();
     assert_same_tree(&src, &server.root.join("copy"), true);
-    assert_eq!(json["transport"], "fabric", "{json}");
-    assert_eq!(json["fabric_slots"], 16, "{json}");
-    assert_eq!(json["fabric_control_credits"], 34, "{json}");
-    emu.stop().unwrap();
+    json
 }
 
 /// Issue 19, path (d): with no `--streams`, a fabric session's tuner sees its channels
@@ -398,39 +412,7 @@ fn a_tuned_fabric_session_adds_streams_to_fill_a_long_path() {
     if !fabric_available() {
         return;
     }
-    let emu = wan(
-        100,
-        LinkConfig {
-            rate_bps: 500_000_000,
-            buffer: 6_250_000,
-            ..LinkConfig::default()
-        },
-        23,
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let fabric = ["--transport", "fabric", "--provider", "tcp"];
-    let server = serve_right(
-        &emu,
-        dir.path(),
-        &[&fabric[..], &["--allow-unencrypted"]].concat(),
-    );
-    let src = dir.path().join("src/tree");
-    fs::create_dir_all(&src).unwrap();
-    let data: Vec<u8> = (0..128u32 << 20)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
-        .collect();
-    fs::write(src.join("big"), &data).unwrap();
-    drop(data);
-    let sizes = ["--depth", "4", "--block-size", "128K"];
-    let mut args: Vec<&OsStr> = fabric.iter().chain(&sizes).map(OsStr::new).collect();
-    args.extend(["--no-encryption", "--json"].map(OsStr::new));
-    let url = server.url("copy");
-    args.extend([src.as_os_str(), &url]);
-    let run = cp_via(emu.left(wanxfer_bin()), args);
-    let report = emu.stop().unwrap();
-    eprintln!("{run:?}\n{:?}", report.forward);
-    let json = run.assert_ok().json();
-    assert_same_tree(&src, &server.root.join("copy"), true);
+    let json = fabric_copy_at_100ms(23, 128, &["--depth", "4", "--block-size", "128K"]);
     assert_eq!(json["transport"], "fabric", "{json}");
     assert_eq!(json["fabric_slots"], 5, "{json}");
     let tuning = &json["tuning"];

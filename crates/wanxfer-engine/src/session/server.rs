@@ -202,6 +202,9 @@ struct Running {
     done: Arc<(Mutex<bool>, Condvar)>,
     /// Its counters, once it has agreed its session: whether it still moves anything.
     moved: Arc<OnceLock<Arc<Progress>>>,
+    /// Set once the session told the observer it ended, from inside (the `stats` hook,
+    /// before the client hears the end), so that it is not told again.
+    end_reported: Arc<AtomicBool>,
 }
 
 impl Running {
@@ -1107,6 +1110,7 @@ impl Connection {
             cancel: Cancel::default(),
             done: Arc::new((Mutex::new(false), Condvar::new())),
             moved: Arc::new(OnceLock::new()),
+            end_reported: Arc::new(AtomicBool::new(false)),
         };
         match self.claim_transfer(key.clone(), &ours) {
             Ok(()) => {}
@@ -1122,16 +1126,13 @@ impl Connection {
         };
         let paths = request.paths.iter().map(|p| p.to_string()).collect();
         let mut info = self.info(kind, paths, &stream, &identity);
-        let reported = Arc::new(AtomicBool::new(false));
         // A bug in one session must not leak its place or its transfer.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.run_session(
-                stream, auth, &identity, &request, &ours, &mut info, &reported,
-            )
+            self.run_session(stream, auth, &identity, &request, &ours, &mut info)
         }))
         .unwrap_or_else(|_| Err(Error::Internal("a session thread panicked".into())));
         self.release_transfer(&key, &ours.done);
-        if !reported.load(Ordering::Acquire) {
+        if !ours.end_reported.load(Ordering::Acquire) {
             self.observe_end(&info, &result);
         }
         result
@@ -1173,9 +1174,6 @@ impl Connection {
         observer.session_ended(info, &session_end(info, error));
     }
 
-    /// `reported` is set once the session's end was told to the observer from inside
-    /// (see the `stats` hook), so that the caller does not tell it again.
-    #[allow(clippy::too_many_arguments)]
     fn run_session(
         &self,
         mut stream: Stream,
@@ -1184,7 +1182,6 @@ impl Connection {
         request: &OpenSession,
         ours: &Running,
         info: &mut SessionInfo,
-        reported: &Arc<AtomicBool>,
     ) -> Result<(), Error> {
         let shared = &self.shared;
         let l = &shared.limits;
@@ -1370,8 +1367,11 @@ impl Connection {
         };
         let stats_sink = sink.clone();
         let stats_meter = meter.clone();
-        let (ending, end_observer, end_reported) =
-            (info.clone(), shared.observer.clone(), reported.clone());
+        let (ending, end_observer, end_reported) = (
+            info.clone(),
+            shared.observer.clone(),
+            ours.end_reported.clone(),
+        );
         let direction = if receiving { "received" } else { "sent" };
         let who = format!("{} ({identity})", self.peer);
         let setup = Setup {

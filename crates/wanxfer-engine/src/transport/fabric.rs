@@ -517,14 +517,9 @@ fn send_blocks(
         } else {
             BUSY_WAIT
         };
-        let asked = std::time::Instant::now();
-        let next = queue.recv_timeout(wait);
         // A credit in hand and no block to write into it: the readers, not the network,
         // kept this channel idle (the tuner adds no stream for that, as over TCP).
-        ctx.progress
-            .channel_wait_us
-            .fetch_add(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
-        match next {
+        match super::next_block(queue, wait, ctx) {
             Ok(block) => {
                 let segments = seg_refs(&block);
                 if let Some(pacer) = &ctx.pacer {

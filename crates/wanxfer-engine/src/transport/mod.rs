@@ -211,6 +211,22 @@ pub trait BlockRx: Send {
     fn recv(&mut self, pool: &Pool, cancel: &Cancel) -> Result<Option<Block>, Error>;
 }
 
+/// The next queued block, waiting at most `wait`. The time a channel waits for a block
+/// is counted (`channel_wait_us`): it tells the tuner the readers, not the network, are
+/// what limits the session.
+pub(crate) fn next_block(
+    queue: &Receiver<Block>,
+    wait: Duration,
+    ctx: &PumpCtx,
+) -> Result<Block, RecvTimeoutError> {
+    let asked = std::time::Instant::now();
+    let next = queue.recv_timeout(wait);
+    ctx.progress
+        .channel_wait_us
+        .fetch_add(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
+    next
+}
+
 /// Sends queued blocks until the queue closes, reporting each.
 pub fn pump_out(tx: &mut dyn BlockTx, queue: &Receiver<Block>, ctx: &PumpCtx) -> Result<(), Error> {
     let result = (|| loop {
@@ -222,14 +238,7 @@ pub fn pump_out(tx: &mut dyn BlockTx, queue: &Receiver<Block>, ctx: &PumpCtx) ->
         } else {
             CANCEL_POLL
         };
-        let asked = std::time::Instant::now();
-        let next = queue.recv_timeout(poll);
-        // Time a channel waited for a block tells the tuner the network is not what
-        // limits the session.
-        ctx.progress
-            .channel_wait_us
-            .fetch_add(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
-        match next {
+        match next_block(queue, poll, ctx) {
             Ok(block) => {
                 if let Some(pacer) = &ctx.pacer {
                     pacer.take(block.len as u64, &ctx.cancel);
