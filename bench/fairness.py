@@ -28,7 +28,7 @@ RIGHT = tuning.RIGHT
 COLORS = ["#2471a3", "#c0392b"]
 
 
-def run(name, gap, after, window, timeout):
+def run(name, gap, after, window, timeout, flags=""):
     spec = tuning.PATHS[name]
     bps = tuning.rate_bps(spec["rate"])
     bdp = int(bps * spec["rtt_ms"] / 1e3 / 8)
@@ -47,7 +47,7 @@ def run(name, gap, after, window, timeout):
 
     def cp(i):
         return (f"echo START{i} $(date +%s.%N); {tuning.REL}/wanxfer cp --json --quiet --progress-json={files[i - 1]} "
-                f"--bytes {sizes[i - 1]} /dev/zero wanxfer://{RIGHT}:7800/dev/null > {files[i - 1]}.out 2>&1 & "
+                f"{flags + ' ' if flags else ''}--bytes {sizes[i - 1]} /dev/zero wanxfer://{RIGHT}:7800/dev/null > {files[i - 1]}.out 2>&1 & "
                 f"p{i}=$!")
     right = f"{tuning.REL}/wanxfer serve --root /tmp --listen {RIGHT}:7800 >/dev/null 2>&1"
     left = f"{cp(1)}; sleep {gap}; {cp(2)}; sleep {tail}; kill -INT $p1 $p2; wait"
@@ -142,6 +142,8 @@ def main():
     ap.add_argument("--after", type=float, default=30.0, help="seconds after the second start the window opens")
     ap.add_argument("--window", type=float, default=10.0, help="seconds the shares are averaged over")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "runs", "fairness"))
+    ap.add_argument("--flags", default="", help="extra `wanxfer cp` flags for both transfers (a control run, "
+                    "e.g. --streams 3: then it is not the target's no-flags run, and the output says so)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
@@ -153,19 +155,21 @@ def main():
             sys.exit(f"--paths: {name!r} is not one of the issue's fixed paths a-e")
         timeout = 4 * (a.gap + a.after + a.window) + 120
         try:
-            results.append(run(name, a.gap, a.after, a.window, timeout))
+            results.append(run(name, a.gap, a.after, a.window, timeout, a.flags))
         except benchlib.ToolError as e:
             sys.exit(f"fairness on path {name}: {e}")
         print(json.dumps({k: v for k, v in results[-1].items() if k != "series"}), flush=True)
     smoke = a.after < 30
     meta = {"machine": benchlib.machine(), "load": benchlib.loadavg(), "binaries": tuning.REL,
-            "gap_s": a.gap, "after_s": a.after, "window_s": a.window, "smoke": smoke}
+            "gap_s": a.gap, "after_s": a.after, "window_s": a.window, "smoke": smoke, "flags": a.flags}
     with open(a.out + ".json", "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
     svg(results, a.out + ".svg")
-    lines = ["# Two wanxfer transfers (no tuning flags) sharing one bottleneck through wanxfer-emu", "",
+    tuned = f"`{a.flags}`" if a.flags else "no tuning flags"
+    lines = [f"# Two wanxfer transfers ({tuned}) sharing one bottleneck through wanxfer-emu", "",
              f"Command: `sudo bench/fairness.py --paths {a.paths} --gap {a.gap:g} --after {a.after:g} "
-             f"--window {a.window:g}`" + (" -- **a smoke run: the target is measured 30 s after the second "
+             f"--window {a.window:g}" + (f" --flags='{a.flags}'" if a.flags else "") + "`"
+             + (f" -- **a control run with `{a.flags}`, not the target's no-flags run**" if a.flags else "") + (" -- **a smoke run: the target is measured 30 s after the second "
                                           "start**" if smoke else ""), "",
              f"Machine: {meta['machine']}; load {meta['load']}. Shares are each transfer's mean rate (its 1 s "
              "--progress-json lines) over the window, of the two rates' sum; target 0.4-0.6 each.", "",
