@@ -512,11 +512,6 @@ fn run_once(
     // the session is agreed (a join needs the session's id and key).
     let early = Arc::new(Early::default());
     let fabric = matches!(cfg.tuning.transport, Transport::Fabric { .. });
-    let expected = if cfg.tuning.auto_streams && !fabric {
-        cfg.tuning.streams.clamp(1, tuning.streams)
-    } else {
-        tuning.streams
-    };
     // A push's first entries go behind the request when the server takes them
     // (`features::PIPELINE`), to be answered with the session: not with --preserve,
     // whose entries depend on what the server agrees to keep.
@@ -537,7 +532,7 @@ fn run_once(
     let agreed = handshake(
         cfg,
         request.clone(),
-        || early.start(cfg, expected),
+        || early.start(cfg, tuning.streams),
         pipeline,
     )?;
     // A server that knows --preserve says itself why it keeps no owners (not root, or
@@ -557,16 +552,16 @@ fn run_once(
     let mut params = Params::from_accepted(&agreed.accepted, id, &tuning, agreed.auth.negotiated());
     if cfg.tuning.auto_streams {
         params.auto_streams = true;
-        // A TCP stream's window grows to what the path holds, so a few go far; a fabric
-        // stream has only its slots in flight whatever the path, so a fabric session
-        // starts with every stream its pools (and the server's slot budget) were agreed
-        // for. Through the emulator at 200 ms, 4 Gbit/s, 2 fabric streams moved 1.2-1.5
-        // Gbit/s, and each probe's new channels took seconds to open their windows.
-        params.start_streams = if fabric {
-            params.streams
-        } else {
-            cfg.tuning.streams.clamp(1, params.streams)
-        };
+        // A tuned session starts with every stream its pools (and the server's slot
+        // budget) were agreed for: each new stream's slow start costs round trips the
+        // tuner cannot win back on a short transfer. A fabric stream has only its slots
+        // in flight whatever the path: through the emulator at 200 ms, 4 Gbit/s, 2
+        // fabric streams moved 1.2-1.5 Gbit/s, and each probe's new channels took
+        // seconds to open their windows. TCP streams grow their windows, but 4 grow
+        // together from four initial windows: at 100 ms, 1 Gbit/s (issue 19's path b),
+        // 250 MB took 3.29-3.30 s from 4 streams against 3.48-3.64 s from 2, tuned or
+        // not.
+        params.start_streams = params.streams;
     }
     if matches!(job, ClientJob::Pull { .. }) && fabric {
         // Each fabric channel this side receives on registers slots of its own: the

@@ -28,6 +28,8 @@ struct Path {
     /// fill it lose this fraction of segments and deliver this fraction of the
     /// capacity; streams paced below it lose nothing.
     shallow: Option<(f64, f64)>,
+    /// The queue holds a bandwidth-delay product: full, it doubles the round trip.
+    deep: bool,
 }
 
 impl Path {
@@ -38,7 +40,21 @@ impl Path {
             loss_per_stream: 0.001,
             burst_loss: None,
             shallow: None,
+            deep: false,
         }
+    }
+
+    /// Whether the transfers would send more than the capacity, paced ones at their
+    /// pacing: then the queue fills, and drops whoever's packets arrive.
+    fn full(&self, transfers: &[(u16, Option<u64>)]) -> bool {
+        let demand: f64 = transfers
+            .iter()
+            .map(|&(n, pacing)| {
+                let unpaced = f64::from(n) * self.per_stream;
+                pacing.map_or(unpaced, |p| unpaced.min(p as f64 / WIRE_OVERHEAD))
+            })
+            .sum();
+        demand > self.capacity * 1.000_001
     }
 
     /// Goodput and loss of each transfer, given the streams each runs and its pacing
@@ -49,14 +65,7 @@ impl Path {
         let mut per = (self.capacity / total_f).min(self.per_stream);
         // What the transfers would send, paced ones at their pacing: more than the
         // capacity fills the queue, which then drops whoever's packets arrive.
-        let demand: f64 = transfers
-            .iter()
-            .map(|&(n, pacing)| {
-                let unpaced = f64::from(n) * self.per_stream;
-                pacing.map_or(unpaced, |p| unpaced.min(p as f64 / WIRE_OVERHEAD))
-            })
-            .sum();
-        let full = demand > self.capacity * 1.000_001;
+        let full = self.full(transfers);
         let mut loss = if full {
             self.loss_per_stream * total_f
         } else {
@@ -95,6 +104,8 @@ struct Transfer {
     log: Vec<(Duration, f64)>,
     /// Bytes each stream may have in flight, where the session fixes it (fabric).
     window_per_stream: Option<u64>,
+    /// Queueing delay its round trips show above the path's lowest.
+    queue_delay: Duration,
 }
 
 impl Transfer {
@@ -105,6 +116,7 @@ impl Transfer {
             started,
             log: Vec::new(),
             window_per_stream: None,
+            queue_delay: Duration::ZERO,
         }
     }
 
@@ -124,7 +136,7 @@ impl Transfer {
         self.m.window_bytes = self
             .window_per_stream
             .map(|w| w * u64::from(self.m.streams));
-        self.m.rtt = Some(RTT);
+        self.m.rtt = Some(RTT + self.queue_delay);
         self.m.min_rtt = Some(RTT);
         self.m.waited_us += (waited * TICK.as_secs_f64() * 1e6 * f64::from(self.m.streams)) as u64;
         self.log.push((now, goodput));
@@ -240,8 +252,15 @@ fn run_noisy(
                 (d.streams, d.pacing_bits_per_s)
             })
             .collect();
-        let shares = path(now).share(&streams);
+        let path = path(now);
+        let delay = if path.deep && path.full(&streams) {
+            RTT
+        } else {
+            Duration::ZERO
+        };
+        let shares = path.share(&streams);
         for (&i, (goodput, loss)) in active.iter().zip(shares) {
+            transfers[i].queue_delay = delay;
             transfers[i].tick(now, goodput * jitter[i], loss, 0.0);
         }
     }
@@ -260,21 +279,25 @@ fn the_utility_charges_for_streams_and_loss() {
 }
 
 /// A window-limited path (100 Mbit/s per stream, 1 Gbit/s bottleneck) needs 10 streams;
-/// starting from 2 the controller finds about that many and fills the path.
+/// starting from 2, or from 4 (which probes down first, loses, then doubles), the
+/// controller finds about that many and fills the path.
 #[test]
 fn converges_to_the_streams_a_window_limited_path_needs() {
-    for seed in 0..32 {
-        let mut t = [Transfer::new(config(2), Duration::ZERO)];
+    for (seed, start) in (0..32).flat_map(|seed| [(seed, 2), (seed, 4)]) {
+        let mut t = [Transfer::new(config(start), Duration::ZERO)];
         let path = Path::window_limited(G, 100.0 * M);
         run(&mut t, |_| path, secs(40), 0.03, seed);
         let streams = t[0].streams();
         assert!(
             (9..=12).contains(&streams),
-            "seed {seed}: {streams} streams; {}",
+            "seed {seed}, from {start}: {streams} streams; {}",
             t[0].story()
         );
         let late = t[0].mean(secs(30), secs(40));
-        assert!(late >= 0.9 * G, "seed {seed}: {late} bit/s at the end");
+        assert!(
+            late >= 0.9 * G,
+            "seed {seed}, from {start}: {late} bit/s at the end"
+        );
         // Most of the way within the first few intervals, not after a long crawl.
         let first_full = t[0]
             .log
@@ -284,8 +307,32 @@ fn converges_to_the_streams_a_window_limited_path_needs() {
             .expect("the path was filled");
         assert!(
             first_full <= secs(15),
-            "seed {seed}: full at {first_full:?}"
+            "seed {seed}, from {start}: full at {first_full:?}"
         );
+    }
+}
+
+/// A session that starts with 4 streams where one fills the path probes down first, and
+/// keeps fewer: the streams it started with were for the slow start, not the path.
+#[test]
+fn a_session_started_with_more_streams_than_it_needs_sheds_them() {
+    for seed in 0..16 {
+        let mut t = [Transfer::new(
+            TuneConfig { seed, ..config(4) },
+            Duration::ZERO,
+        )];
+        let path = Path::window_limited(G, 2.0 * G);
+        run(&mut t, |_| path, secs(30), 0.03, seed);
+        let story = t[0].story();
+        let history: Vec<Decision> = t[0].tuner.history().copied().collect();
+        assert_eq!(
+            (history[1].streams, history[1].reason),
+            (3, Reason::Probe),
+            "seed {seed}: the first probe is down: {story}"
+        );
+        assert!(t[0].streams() <= 3, "seed {seed}: {story}");
+        let late = t[0].mean(secs(20), secs(30));
+        assert!(late >= 0.9 * G, "seed {seed}: {late}: {story}");
     }
 }
 
@@ -488,6 +535,7 @@ fn loss_at_the_full_rate_is_weighed_not_shed() {
         loss_per_stream: 0.0,
         burst_loss: Some((4, 0.05, 1.0)),
         shallow: None,
+        deep: false,
     };
     run(&mut t, |_| path, secs(40), 0.02, 7);
     let reasons = t[0].reasons();
@@ -516,6 +564,7 @@ fn paces_below_a_policer_it_detects() {
             loss_per_stream: 0.0,
             burst_loss: None,
             shallow: Some((0.04, 0.85)),
+            deep: false,
         };
         run(&mut t, |_| path, secs(60), 0.02, seed);
         let story = t[0].story();
@@ -532,6 +581,100 @@ fn paces_below_a_policer_it_detects() {
         );
         let late = t[0].mean(secs(40), secs(60));
         assert!(late >= 0.9 * G, "seed {seed}: {late}: {story}");
+    }
+}
+
+/// Fabric streams starting at 4 whose fixed windows (5 MB each, 400 Mbit/s at 100 ms)
+/// cannot hold a 2 Gbit/s path: the first probe is up, not down, and the path is filled.
+#[test]
+fn a_fixed_window_too_small_for_the_path_probes_up_first() {
+    for seed in 0..16 {
+        let mut t = [Transfer::new(
+            TuneConfig {
+                seed,
+                min_streams: 2,
+                ..config(4)
+            },
+            Duration::ZERO,
+        )];
+        t[0].window_per_stream = Some(5_000_000);
+        let path = Path::window_limited(2.0 * G, 400.0 * M);
+        run(&mut t, |_| path, secs(30), 0.03, seed);
+        let story = t[0].story();
+        let history: Vec<Decision> = t[0].tuner.history().copied().collect();
+        assert!(history[1].streams > 4, "seed {seed}: {story}");
+        let late = t[0].mean(secs(20), secs(30));
+        assert!(late >= 0.9 * 2.0 * G, "seed {seed}: {late}: {story}");
+    }
+}
+
+/// A long path whose streams are still in slow start: what they deliver grows for the
+/// first 8 s whatever their number, up to 2 Gbit/s, which takes all 4 streams the session
+/// started with (500 Mbit/s each). Readings taken during the climb score any later count
+/// better; the probe down waits until they stop growing, finds 3 worse, and the session
+/// keeps its 4.
+#[test]
+fn a_start_still_ramping_is_not_taken_for_fewer_streams_being_better() {
+    let ramp = |now: Duration| 2.0 * G * (now.as_secs_f64() / 8.0).clamp(0.1, 1.0);
+    for seed in 0..16 {
+        let mut t = [Transfer::new(
+            TuneConfig {
+                seed,
+                min_streams: 2,
+                ..config(4)
+            },
+            Duration::ZERO,
+        )];
+        run(
+            &mut t,
+            |now| Path::window_limited(ramp(now), 500.0 * M),
+            secs(30),
+            0.03,
+            seed,
+        );
+        let story = t[0].story();
+        let history: Vec<Decision> = t[0].tuner.history().copied().collect();
+        assert!(
+            history
+                .iter()
+                .filter(|d| d.at < secs(8))
+                .all(|d| d.streams >= 4),
+            "seed {seed}: fewer streams while the path was still growing: {story}"
+        );
+        assert!(t[0].streams() >= 4, "seed {seed}: {story}");
+        let late = t[0].mean(secs(20), secs(30));
+        assert!(late >= 0.9 * 2.0 * G, "seed {seed}: {late}: {story}");
+    }
+}
+
+/// The same losses at a steady rate, but with the round trip twice the path's lowest:
+/// a deep queue overflowing (others fill it, or this transfer's own streams), not a
+/// policer. Pacing would not remove that loss, only hold the transfer where it is.
+#[test]
+fn a_deep_queue_that_loses_is_not_taken_for_a_policer() {
+    for seed in 0..8 {
+        let mut t = [Transfer::new(
+            TuneConfig { seed, ..config(2) },
+            Duration::ZERO,
+        )];
+        let path = Path {
+            capacity: G,
+            per_stream: 2.0 * G,
+            loss_per_stream: 0.0,
+            burst_loss: None,
+            shallow: Some((0.04, 0.85)),
+            deep: true,
+        };
+        run(&mut t, |_| path, secs(60), 0.02, seed);
+        let story = t[0].story();
+        assert!(
+            !t[0]
+                .reasons()
+                .iter()
+                .any(|r| matches!(r, Reason::Policer(_))),
+            "seed {seed}: {story}"
+        );
+        assert_eq!(t[0].tuner.current().pacing_bits_per_s, None, "{story}");
     }
 }
 
@@ -552,6 +695,7 @@ fn pacing_follows_a_policer_that_changes() {
             loss_per_stream: 0.0,
             burst_loss: None,
             shallow: Some((0.04, 0.85)),
+            deep: false,
         }
     };
     run(&mut t, at, secs(90), 0.02, 3);
@@ -582,6 +726,7 @@ fn a_session_that_cannot_pace_is_never_paced() {
         loss_per_stream: 0.0,
         burst_loss: None,
         shallow: Some((0.04, 0.85)),
+        deep: false,
     };
     run(&mut t, |_| path, secs(30), 0.02, 1);
     assert!(t[0].tuner.history().all(|d| d.pacing_bits_per_s.is_none()));
@@ -600,15 +745,24 @@ fn two_controllers_share_a_bottleneck_fairly() {
         let per_stream = if seed % 2 == 0 { 200.0 * M } else { G };
         Path::window_limited(G, per_stream)
     };
-    assert_shared_fairly(0..32, (50, 100), Noise::every_tick(0.03), path, 0.125, 0.1);
+    assert_shared_fairly(
+        config(2),
+        0..32,
+        (50, 100),
+        Noise::every_tick(0.03),
+        path,
+        0.125,
+        0.1,
+    );
 }
 
-/// Two transfers from 2 streams each, the second started 10 s after the first, over
+/// Two transfers configured as `cfg` (each with a seed of its own), the second started 10 s after the first, over
 /// `path(seed)` for each seed: together they fill it, and 30 s after the second start
 /// at most `missed_at_most` of the seeds (a fraction) are beyond 20% of an equal share,
 /// `mean_at_most` on average. `seeds` vary the noise and, offset, each controller's own
 /// seed.
 fn assert_shared_fairly(
+    cfg: TuneConfig,
     seeds: std::ops::Range<u64>,
     offsets: (u64, u64),
     noise: Noise,
@@ -622,7 +776,7 @@ fn assert_shared_fairly(
             Transfer::new(
                 TuneConfig {
                     seed: seed + offset,
-                    ..config(2)
+                    ..cfg.clone()
                 },
                 started,
             )
@@ -907,8 +1061,44 @@ fn a_competitor_on_a_lossy_full_queue_is_shared_with_not_fled() {
         loss_per_stream: 0.005,
         burst_loss: None,
         shallow: None,
+        deep: true,
     };
-    assert_shared_fairly(0..48, (7, 70), Noise::every_tick(0.05), path, 0.125, 0.12);
+    assert_shared_fairly(
+        config(2),
+        0..48,
+        (7, 70),
+        Noise::every_tick(0.05),
+        path,
+        0.125,
+        0.12,
+    );
+}
+
+/// The same, both transfers starting from 4 streams and kept at 2 or more, as tuned TCP
+/// sessions are: the first, alone, finds it needs fewer before the second arrives.
+#[test]
+fn transfers_started_with_four_streams_share_a_lossy_full_queue() {
+    let engine_like = TuneConfig {
+        min_streams: 2,
+        ..config(4)
+    };
+    let path = |_| Path {
+        capacity: G,
+        per_stream: 250.0 * M,
+        loss_per_stream: 0.005,
+        burst_loss: None,
+        shallow: None,
+        deep: true,
+    };
+    assert_shared_fairly(
+        engine_like,
+        0..48,
+        (7, 70),
+        Noise::every_tick(0.05),
+        path,
+        0.125,
+        0.12,
+    );
 }
 
 /// Issue 19's path (a) as two BBR transfers saw it through the emulator: a 1 MB buffer at
@@ -929,10 +1119,11 @@ fn two_transfers_share_a_shallow_noisy_queue() {
         loss_per_stream: 0.0,
         burst_loss: Some((1, 0.15, 1.0)),
         shallow: None,
+        deep: false,
     };
     let noise = Noise {
         amplitude: 0.4,
         hold: secs(1),
     };
-    assert_shared_fairly(0..48, (11, 110), noise, path, 0.625, 0.245);
+    assert_shared_fairly(config(2), 0..48, (11, 110), noise, path, 0.625, 0.245);
 }
