@@ -31,21 +31,21 @@
 //! start before its rate means anything) and the space is small and one-dimensional:
 //! from the starting count, double while the utility improves by more than [`GAIN`] and
 //! readings lose nothing, then refine by single streams, up then down; hold the best,
-//! re-probing one step up
-//! every [`HOLD_EPOCHS`] intervals and at once when goodput at the same count moves by
-//! more than [`PATH_CHANGE`] (the path changed). A loss rate above [`LOSS_BACKOFF`] that
-//! grew and cost goodput, in two readings in a row, cuts a quarter of the streams without
-//! waiting for a comparison.
+//! re-probing one step up every [`HOLD_EPOCHS`] intervals and at once when goodput at
+//! the same count moves by more than [`PATH_CHANGE`] (the path changed). A loss rate
+//! above [`LOSS_BACKOFF`] that grew and cost goodput, in two readings in a row, cuts a
+//! quarter of the streams without waiting for a comparison.
 //!
 //! Why a session that starts with several streams probes down first: it starts with
 //! them so that their windows grow through slow start together (at 100 ms, 1 Gbit/s, a
 //! 250 MB transfer took 3.3 s from 4 streams against 3.5-3.6 s from 2), not because the
-//! path needs them. Probing up first, a transfer alone settles where more streams bought
-//! nothing, and one that joins it later doubles on the share each new stream takes from
-//! it (through the emulator at 50 and 100 ms, BBR: 4 against 10 streams, shares 0.32 /
-//! 0.68). Asked first whether it needs them all, each settles near what the path needs,
-//! and the newcomer finds that fewer lose share. The probe down waits until readings stop
-//! growing: during slow start a later reading scores better at any count.
+//! path needs them. Probing up first, a transfer alone settles where more streams
+//! bought nothing, and one that joins it later doubles on the share each new stream
+//! takes from it (through the emulator, BBR: at 50 ms 4 streams against 10, shares 0.32
+//! / 0.68; at 100 ms 5 against 8, 0.34 / 0.66). Asked first whether it needs them all,
+//! each settles near what the path needs, and the newcomer finds that fewer lose share.
+//! The probe down waits until readings stop growing: during slow start a later reading
+//! scores better at any count.
 //!
 //! Why loss is judged against goodput, and weighed lightly: a loss-based TCP filling a
 //! drop-tail queue retransmits a few percent of its segments while delivering the full
@@ -90,7 +90,8 @@
 //! or a queue too shallow for the window's bursts; kissel2013 §3.6) is better served by
 //! a sender that keeps below it than by fewer streams. After [`POLICER_READINGS`] such
 //! intervals at the held count, with the round trip near its lowest (a deep queue
-//! overflowing delays first, and pacing would only hold the transfer at its share), a sending TCP session paces itself at what it delivers
+//! overflowing delays first, and pacing would only hold the transfer at its share), a
+//! sending TCP session paces itself at what it delivers
 //! (plus framing), and then probes the pacing rate upward as it probes streams, keeping a
 //! step that buys goodput and halving one that does not. A path that slows releases the
 //! pacing; a path that speeds up is found by the upward probes, which double their step
@@ -145,7 +146,7 @@ pub const STEADY: f64 = 0.1;
 /// Consecutive lossy, steady intervals at the held count before pacing is tried.
 pub const POLICER_READINGS: u32 = 3;
 /// Queueing delay, a fraction of the lowest round trip, beyond which lossy readings are
-/// a deep queue's overflow rather than a policer's (see [`Tuner::queue_is_shallow`]).
+/// a deep queue's overflow rather than a policer's (see `Tuner::queue_is_shallow`).
 pub const POLICER_QUEUE: f64 = 0.25;
 /// First upward step of a pacing probe, as a fraction of the paced rate; halved while a
 /// step buys nothing, down to [`PACE_MIN_STEP`], doubled while goodput follows the rate.
@@ -174,7 +175,7 @@ pub const STARVED: f64 = 0.5;
 /// those it has (the server may refuse more, or opening them may keep failing).
 pub const OPEN_PATIENCE: Duration = Duration::from_secs(10);
 /// A session that starts with more streams than this (and its minimum) probes down
-/// before up (see [`Phase::Reference`]).
+/// before up (see the module doc).
 pub const DOWN_FIRST_ABOVE: u16 = 2;
 /// Goodput growing by at least this fraction of the growth in streams counts as
 /// proportional: the streams found capacity that nobody used.
@@ -666,17 +667,11 @@ impl Tuner {
                 // whatever else is measured (see [`Tuner::window_holds`]): up first.
                 let window_short = r.window_bytes.is_some() && !self.window_holds(&r);
                 if step == 0 && n > self.cfg.min_streams.max(DOWN_FIRST_ABOVE) && !window_short {
-                    // A session that starts with several streams (to grow them through
-                    // slow start together) asks first whether it needs them all, then
-                    // whether more help. Probing up first, a transfer that joins another
-                    // doubles on the share the other gives up, while the first, alone
-                    // when it probed, settled where more bought nothing: through the
-                    // emulator at 50 ms, two transfers from 4 streams ended at 4 and 10
-                    // with shares 0.32 / 0.68.
-                    // Not while the streams are still growing: a reading later in their
-                    // slow start scores better at any count, and fewer streams would be
-                    // taken for better (at 200 ms, 4 Gbit/s: 4 streams went down to 2,
-                    // and the transfer to 0.72 of what it had moved from 4 throughout).
+                    // Down first (see the module doc), but not while the streams are
+                    // still growing: a reading later in their slow start scores better
+                    // at any count, and fewer streams would be taken for better (at 200
+                    // ms, 4 Gbit/s: 4 streams went down to 2, and 2 GB took 10.4 s,
+                    // where 4 held throughout took 7.3-9.6 s).
                     let grown = |(goodput, streams, _): (f64, u16, f64)| {
                         streams != n
                             || r.goodput_bits_per_s > goodput * (1.0 + GAIN.max(self.spread()))
