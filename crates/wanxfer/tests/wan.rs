@@ -300,10 +300,7 @@ fn one_of_four_streams_going_dark_is_failed_over() {
 
 #[test]
 fn the_fabric_transport_crosses_a_long_lossy_path_too() {
-    if skip() {
-        return;
-    }
-    if !fabric_available() {
+    if skip() || !fabric_available() {
         return;
     }
     let seed = 17;
@@ -343,10 +340,7 @@ fn the_fabric_transport_crosses_a_long_lossy_path_too() {
 /// with the sizes it chose in `--json`.
 #[test]
 fn a_fabric_stream_at_long_rtt_gets_a_window_for_all_its_slots() {
-    if skip() {
-        return;
-    }
-    if !fabric_available() {
+    if skip() || !fabric_available() {
         return;
     }
     let json = fabric_copy_at_100ms(
@@ -406,10 +400,7 @@ fn fabric_copy_at_100ms(seed: u64, mib: u32, sizes: &[&str]) -> serde_json::Valu
 /// slots in flight, than it started with (it held its first streams for good before).
 #[test]
 fn a_tuned_fabric_session_adds_streams_to_fill_a_long_path() {
-    if skip() {
-        return;
-    }
-    if !fabric_available() {
+    if skip() || !fabric_available() {
         return;
     }
     let json = fabric_copy_at_100ms(23, 128, &["--depth", "4", "--block-size", "128K"]);

@@ -551,7 +551,6 @@ fn run_once(
     }
     let mut params = Params::from_accepted(&agreed.accepted, id, &tuning, agreed.auth.negotiated());
     if cfg.tuning.auto_streams {
-        params.auto_streams = true;
         // A tuned session starts with every stream its pools (and the server's slot
         // budget) were agreed for: each new stream's slow start costs round trips the
         // tuner cannot win back on a short transfer. A fabric stream has only its slots
@@ -561,7 +560,7 @@ fn run_once(
         // together from four initial windows: at 100 ms, 1 Gbit/s (issue 19's path b),
         // 250 MB took 3.29-3.30 s from 4 streams against 3.48-3.64 s from 2, tuned or
         // not.
-        params.start_streams = params.streams;
+        params.auto_streams = true;
     }
     if matches!(job, ClientJob::Pull { .. }) && fabric {
         // Each fabric channel this side receives on registers slots of its own: the
@@ -628,11 +627,7 @@ fn run_once(
                 && request.transport == TransportKind::Tcp,
         };
         // As many as the driver opens at the start (see `Driver::open_initial_links`).
-        early.keep(if params.auto_streams {
-            params.start_streams
-        } else {
-            params.streams
-        });
+        early.keep(params.streams);
         let (cfg, early) = (cfg.clone(), early.clone());
         Arc::new(move |index| open_channel(&cfg, &session, early.take(), index))
     };

@@ -328,11 +328,7 @@ impl Driver {
         let tcp = self.setup.transport.kind() == wanxfer_proto::TransportKind::Tcp;
         let p = &self.setup.params;
         let cfg = wanxfer_session::tune::TuneConfig {
-            start_streams: if p.auto_streams {
-                p.start_streams
-            } else {
-                p.streams
-            },
+            start_streams: p.streams,
             min_streams: if p.auto_streams {
                 super::AUTO_MIN_STREAMS
             } else {

@@ -252,9 +252,8 @@ pub struct Params {
     pub features: u64,
     /// A session without encryption: the key this side tags the blocks it sends with.
     pub send_key: Option<crate::digest::BlockKey>,
-    /// Channels the client opens first; with `auto_streams` the tuner takes it from there
-    /// up to [`AUTO_MAX_STREAMS`] or `max_streams`, whichever is fewer.
-    pub start_streams: u16,
+    /// The client tunes the count: it opens `streams` first and the tuner takes it from
+    /// there, between [`AUTO_MIN_STREAMS`] and [`AUTO_MAX_STREAMS`] or `max_streams`.
     pub auto_streams: bool,
     pub rate_bits_per_s: Option<u64>,
     pub congestion: Option<String>,
@@ -293,7 +292,6 @@ impl Params {
             idle_timeout: tuning.idle_timeout,
             features,
             send_key: None,
-            start_streams: a.streams,
             auto_streams: false,
             rate_bits_per_s: tuning.rate_bits_per_s,
             congestion: tuning.congestion.clone(),

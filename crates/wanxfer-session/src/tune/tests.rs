@@ -44,6 +44,19 @@ impl Path {
         }
     }
 
+    /// A policer (or a queue too shallow for a window's bursts) at `capacity`: unpaced,
+    /// one stream or many lose 4% of their segments and deliver 85% of its rate.
+    fn policer(capacity: f64, per_stream: f64) -> Path {
+        Path {
+            capacity,
+            per_stream,
+            loss_per_stream: 0.0,
+            burst_loss: None,
+            shallow: Some((0.04, 0.85)),
+            deep: false,
+        }
+    }
+
     /// Whether the transfers would send more than the capacity, paced ones at their
     /// pacing: then the queue fills, and drops whoever's packets arrive.
     fn full(&self, transfers: &[(u16, Option<u64>)]) -> bool {
@@ -176,6 +189,15 @@ impl Transfer {
             })
             .collect::<Vec<_>>()
             .join(" ")
+    }
+}
+
+/// As a tuned TCP session is configured: 4 streams to start with, never fewer than 2.
+fn tuned_tcp(seed: u64) -> TuneConfig {
+    TuneConfig {
+        seed,
+        min_streams: 2,
+        ..config(4)
     }
 }
 
@@ -558,14 +580,7 @@ fn paces_below_a_policer_it_detects() {
             TuneConfig { seed, ..config(2) },
             Duration::ZERO,
         )];
-        let path = Path {
-            capacity: G,
-            per_stream: 2.0 * G,
-            loss_per_stream: 0.0,
-            burst_loss: None,
-            shallow: Some((0.04, 0.85)),
-            deep: false,
-        };
+        let path = Path::policer(G, 2.0 * G);
         run(&mut t, |_| path, secs(60), 0.02, seed);
         let story = t[0].story();
         assert!(
@@ -589,14 +604,7 @@ fn paces_below_a_policer_it_detects() {
 #[test]
 fn a_fixed_window_too_small_for_the_path_probes_up_first() {
     for seed in 0..16 {
-        let mut t = [Transfer::new(
-            TuneConfig {
-                seed,
-                min_streams: 2,
-                ..config(4)
-            },
-            Duration::ZERO,
-        )];
+        let mut t = [Transfer::new(tuned_tcp(seed), Duration::ZERO)];
         t[0].window_per_stream = Some(5_000_000);
         let path = Path::window_limited(2.0 * G, 400.0 * M);
         run(&mut t, |_| path, secs(30), 0.03, seed);
@@ -617,14 +625,7 @@ fn a_fixed_window_too_small_for_the_path_probes_up_first() {
 fn a_start_still_ramping_is_not_taken_for_fewer_streams_being_better() {
     let ramp = |now: Duration| 2.0 * G * (now.as_secs_f64() / 8.0).clamp(0.1, 1.0);
     for seed in 0..16 {
-        let mut t = [Transfer::new(
-            TuneConfig {
-                seed,
-                min_streams: 2,
-                ..config(4)
-            },
-            Duration::ZERO,
-        )];
+        let mut t = [Transfer::new(tuned_tcp(seed), Duration::ZERO)];
         run(
             &mut t,
             |now| Path::window_limited(ramp(now), 500.0 * M),
@@ -658,12 +659,8 @@ fn a_deep_queue_that_loses_is_not_taken_for_a_policer() {
             Duration::ZERO,
         )];
         let path = Path {
-            capacity: G,
-            per_stream: 2.0 * G,
-            loss_per_stream: 0.0,
-            burst_loss: None,
-            shallow: Some((0.04, 0.85)),
             deep: true,
+            ..Path::policer(G, 2.0 * G)
         };
         run(&mut t, |_| path, secs(60), 0.02, seed);
         let story = t[0].story();
@@ -689,14 +686,7 @@ fn pacing_follows_a_policer_that_changes() {
         } else {
             G
         };
-        Path {
-            capacity,
-            per_stream: 2.0 * G,
-            loss_per_stream: 0.0,
-            burst_loss: None,
-            shallow: Some((0.04, 0.85)),
-            deep: false,
-        }
+        Path::policer(capacity, 2.0 * G)
     };
     run(&mut t, at, secs(90), 0.02, 3);
     let story = t[0].story();
@@ -720,14 +710,7 @@ fn a_session_that_cannot_pace_is_never_paced() {
         },
         Duration::ZERO,
     )];
-    let path = Path {
-        capacity: G,
-        per_stream: G,
-        loss_per_stream: 0.0,
-        burst_loss: None,
-        shallow: Some((0.04, 0.85)),
-        deep: false,
-    };
+    let path = Path::policer(G, G);
     run(&mut t, |_| path, secs(30), 0.02, 1);
     assert!(t[0].tuner.history().all(|d| d.pacing_bits_per_s.is_none()));
 }
@@ -1048,6 +1031,17 @@ fn loss_that_did_not_grow_sheds_nothing() {
     assert!(shed(&tuner), "{:?}", tuner.history().collect::<Vec<_>>());
 }
 
+/// A drop-tail queue of a bandwidth-delay product at 1 Gbit/s, streams of at most 250
+/// Mbit/s each, losing 0.5% per stream sharing it once full.
+const LOSSY_FULL_QUEUE: Path = Path {
+    capacity: G,
+    per_stream: 250.0 * M,
+    loss_per_stream: 0.005,
+    burst_loss: None,
+    shallow: None,
+    deep: true,
+};
+
 /// A drop-tail bottleneck whose full queue loses more than [`LOSS_BACKOFF`] (4% at 8
 /// streams) shared by two transfers, the second started 10 s after the first. The first
 /// sees its goodput halve at a loss rate above the threshold: that is a competitor's
@@ -1055,20 +1049,12 @@ fn loss_that_did_not_grow_sheds_nothing() {
 /// streams at a time against the rate it had alone. They end near equal shares.
 #[test]
 fn a_competitor_on_a_lossy_full_queue_is_shared_with_not_fled() {
-    let path = |_| Path {
-        capacity: G,
-        per_stream: 250.0 * M,
-        loss_per_stream: 0.005,
-        burst_loss: None,
-        shallow: None,
-        deep: true,
-    };
     assert_shared_fairly(
         config(2),
         0..48,
         (7, 70),
         Noise::every_tick(0.05),
-        path,
+        |_| LOSSY_FULL_QUEUE,
         0.125,
         0.12,
     );
@@ -1078,24 +1064,12 @@ fn a_competitor_on_a_lossy_full_queue_is_shared_with_not_fled() {
 /// sessions are: the first, alone, finds it needs fewer before the second arrives.
 #[test]
 fn transfers_started_with_four_streams_share_a_lossy_full_queue() {
-    let engine_like = TuneConfig {
-        min_streams: 2,
-        ..config(4)
-    };
-    let path = |_| Path {
-        capacity: G,
-        per_stream: 250.0 * M,
-        loss_per_stream: 0.005,
-        burst_loss: None,
-        shallow: None,
-        deep: true,
-    };
     assert_shared_fairly(
-        engine_like,
+        tuned_tcp(0),
         0..48,
         (7, 70),
         Noise::every_tick(0.05),
-        path,
+        |_| LOSSY_FULL_QUEUE,
         0.125,
         0.12,
     );
