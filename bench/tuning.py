@@ -12,14 +12,19 @@ counters (bytes out, drops) belong to that run alone and are kept in OUT.json.
 usage: sudo bench/tuning.py [--rate 1gbit] [--rtts 50,100] [--bytes 2GiB] [--loss 0.0001]
                             [--hand "--streams 8"] [--out bench/runs/tuning]   (root)
        sudo bench/tuning.py --paths a,b,c,d,e,f [--scale 1] [--tools wanxfer,iperf3-P1,iperf3-P4,gridftp]
-                            [--gridftp-p 4] [--out bench/runs/paths]
+                            [--gridftp-p 4] [--repeat N] [--out bench/runs/paths]
 Writes OUT.json and OUT.md. Smoke run: --bytes 64MiB --rtts 50, or --paths a --scale 0.1
 (then the figures mostly measure slow start: say so when quoting them).
 
 --paths: each transfer is 20 x the path's BDP (times --scale); (f) is sized for 10 s at each
-of its rates. For (f) wanxfer's --progress-json lines give, after each rate change, the
+of its rates. Besides `wanxfer` (the target's run: TLS over TCP, no flags), --tools takes
+`wanxfer-plain` and `wanxfer-fabric` (TCP and the fabric transport, both --no-encryption):
+their ratio is the fabric target's, and neither counts as a peer. For (f) wanxfer's --progress-json lines give, after each rate change, the
 seconds until its 1 s rate (what its data sockets delivered) is within 10% of the new
-ceiling. Where the best tool stays
+ceiling. --repeat N runs every tool N times per path, interleaved (one run of each tool,
+then the next round): single runs of one build spread by 10-20% on the long paths, too much
+to compare builds by. The summary then stands on each tool's median run, and a table per
+path gives every repetition's own ratio (and (f)'s recovery seconds). Where the best tool stays
 below the ceiling while the emulator's forwarder is busy >= 90% of its wall time, the
 summary marks the path emulator-bound: the figure is the emulator's ceiling on this
 machine, and the best tool's goodput (iperf3 -P4 among them) is its floor.
@@ -164,8 +169,20 @@ def wall_of(out):
     return (float(walls[-1][1]) - float(walls[-1][0]) if walls else None), rest
 
 
-def wanxfer(path, size, flags, timeout=3600, progress=False):
-    right = f"{REL}/wanxfer serve --root /tmp --listen {RIGHT}:7800 >/dev/null 2>&1"
+# The wanxfer tools --paths knows: the target's (TLS over TCP), and the two that compare
+# the transports alone (issue 19's fabric target), both unencrypted so that only the
+# transport differs: (server flags, client flags).
+WANXFER_TOOLS = {
+    "wanxfer": ("", ""),
+    "wanxfer-plain": ("--allow-unencrypted", "--no-encryption"),
+    "wanxfer-fabric": ("--transport fabric --allow-unencrypted", "--transport fabric --no-encryption"),
+}
+
+
+def wanxfer(path, size, flags, timeout=3600, progress=False, tool="wanxfer"):
+    serve_flags, cp_flags = WANXFER_TOOLS[tool]
+    flags = f"{cp_flags} {flags}".strip()
+    right = f"{REL}/wanxfer serve --root /tmp --listen {RIGHT}:7800 {serve_flags} >/dev/null 2>&1"
     left = "date +START%s.%N; " + timed(f"{REL}/wanxfer cp --json --quiet {'--progress-json ' if progress else ''}"
                                         f"{flags} --bytes {size} /dev/zero wanxfer://{RIGHT}:7800/dev/null")
     out, report, err = run_path(path, right, left, timeout)
@@ -454,12 +471,50 @@ def recovery(path, progress, within=0.10):
     return out
 
 
+def enrich(r, k, path, spec, size, ceiling):
+    """Adds the whole-command figures and the share of the ceiling to one run's result."""
+    # Bytes that arrived (iperf3's own count, where it has one) over the whole command.
+    delivered = r.get("delivered_bytes") or size
+    r["wall_gbit_per_s"] = delivered * 8 / r["wall_s"] / 1e9 if r.get("wall_s") else None
+    # All the bytes asked for over the command: iperf3's upper bound.
+    r["wall_gbit_per_s_asked"] = size * 8 / r["wall_s"] / 1e9 if r.get("wall_s") else None
+    # The whole command until the receiver had every byte: wanxfer's and GridFTP's wall as
+    # it is (both end on the receiver's word), iperf3's from its longer run (module
+    # docstring); the comparison the target means.
+    x = r.get("exact")
+    if x is None and not k.startswith("iperf3"):
+        r["exact_wall_s"] = r.get("wall_s")
+    elif x and "error" not in x:
+        r["exact_wall_s"] = x["exact_wall_s"]
+        # Its result exchange may have waited behind a bottleneck queue that an iperf3
+        # stopping at `size` would have drained: with the idle run's set-up and exchange
+        # where shorter, the reading most favourable to iperf3.
+        r["exact_gbit_per_s_idle"] = size * 8 / min(x["exact_wall_s"], x["exact_idle_wall_s"]) / 1e9
+    r["exact_gbit_per_s"] = size * 8 / r["exact_wall_s"] / 1e9 if r.get("exact_wall_s") else None
+    start = r.get("cp_start_after_emu_s") or 1.0
+    r["ceiling_gbit_per_s"] = mean_ceiling(path, start, start + r["seconds"]) if spec["steps"] else ceiling
+    r["of_ceiling"] = r["gbit_per_s"] / r["ceiling_gbit_per_s"]
+
+
+def figure(r):
+    """A run's goodput for ranking: its exact whole-command figure where it has one."""
+    return r.get("exact_gbit_per_s") or r.get("gbit_per_s") or 0.0
+
+
+def median_run(runs):
+    """The run with the median figure among those that worked (the lower middle of an
+    even count), or the first failure if none did."""
+    good = sorted((r for r in runs if "error" not in r), key=figure)
+    return good[(len(good) - 1) // 2] if good else runs[0]
+
+
 def run_paths(a):
     """The issue's targets: every tool on every named path in one run."""
     tools = a.tools.split(",")
-    bad = [t for t in tools if t not in ("wanxfer", "gridftp") and not re.fullmatch(r"iperf3-P[1-9][0-9]*", t)]
+    bad = [t for t in tools if t not in WANXFER_TOOLS and t != "gridftp"
+           and not re.fullmatch(r"iperf3-P[1-9][0-9]*", t)]
     if bad:
-        sys.exit(f"--tools: unknown {', '.join(bad)} (wanxfer, iperf3-PN, gridftp)")
+        sys.exit(f"--tools: unknown {', '.join(bad)} ({', '.join(WANXFER_TOOLS)}, iperf3-PN, gridftp)")
     need = (["iperf3"] if any(t.startswith("iperf3") for t in tools) else []) + \
         (["globus-url-copy", "globus-gridftp-server", "/usr/bin/time"] if "gridftp" in tools else [])
     missing = [t for t in need if not shutil.which(t)]
@@ -482,49 +537,38 @@ def run_paths(a):
         size = max(int(full * a.scale), 8 << 20)
         timeout = max(120, size * 8 / (rate_bps(spec["rate"]) / 4) + 60)
         ceiling = rate_bps(spec["rate"]) * GOODPUT / 1e9
-        runs = {}
-        for tool in tools:
+        def run_tool(tool):
+            """(label, result) of one run of `tool`; an error becomes the result."""
+            label = tool
             try:
-                if tool == "wanxfer":
-                    runs[tool] = wanxfer(path, size, "", timeout, progress=True)
-                elif tool.startswith("iperf3-P"):
-                    runs[tool] = iperf3(path, size, int(tool[len("iperf3-P"):]), timeout)
-                elif tool == "gridftp":
-                    p = a.gridftp_p
-                    tcp_bs = max(1 << 20, -(-2 * bdp // p))
-                    runs[f"gridftp -p {p} -tcp-bs {tcp_bs}"] = gridftp(path, size, p, tcp_bs, timeout)
+                if tool in WANXFER_TOOLS:
+                    return label, wanxfer(path, size, a.flags, timeout, progress=True, tool=tool)
+                if tool.startswith("iperf3-P"):
+                    return label, iperf3(path, size, int(tool[len("iperf3-P"):]), timeout)
+                p = a.gridftp_p
+                tcp_bs = max(1 << 20, -(-2 * bdp // p))
+                label = f"gridftp -p {p} -tcp-bs {tcp_bs}"
+                return label, gridftp(path, size, p, tcp_bs, timeout)
             except benchlib.ToolError as e:
                 print(f"path {name} {tool}: {e}", file=sys.stderr, flush=True)
-                runs[tool] = {"error": " ".join(str(e).split())}
+                return label, {"error": " ".join(str(e).split())}
+
+        # Every tool once per repetition, interleaved, so that a slow spell of the machine
+        # falls on all of them alike.
+        reps = {}
+        for rep in range(a.repeat):
+            for tool in tools:
+                k, r = run_tool(tool)
+                r.update(tool=k, path=name, rep=rep + 1)
+                if "error" not in r:
+                    enrich(r, k, path, spec, size, ceiling)
+                reps.setdefault(k, []).append(r)
+                rows.append({k2: v for k2, v in r.items() if k2 != "progress"})
+                print(json.dumps(rows[-1]), flush=True)
+        # Each tool's median run (by its exact figure) stands for it in the summary.
+        runs = {k: median_run(v) for k, v in reps.items()}
         ok = {k: r for k, r in runs.items() if "error" not in r}
-        for k, r in runs.items():
-            r.update(tool=k, path=name)
-            if "error" not in r:
-                # Bytes that arrived (iperf3's own count, where it has one) over the whole
-                # command.
-                delivered = r.get("delivered_bytes") or size
-                r["wall_gbit_per_s"] = delivered * 8 / r["wall_s"] / 1e9 if r.get("wall_s") else None
-                # All the bytes asked for over the command: iperf3's upper bound.
-                r["wall_gbit_per_s_asked"] = size * 8 / r["wall_s"] / 1e9 if r.get("wall_s") else None
-                # The whole command until the receiver had every byte: wanxfer's and
-                # GridFTP's wall as it is (both end on the receiver's word), iperf3's from
-                # its longer run (module docstring); the comparison the target means.
-                x = r.get("exact")
-                if x is None and not k.startswith("iperf3"):
-                    r["exact_wall_s"] = r.get("wall_s")
-                elif x and "error" not in x:
-                    r["exact_wall_s"] = x["exact_wall_s"]
-                    # Its result exchange may have waited behind a bottleneck queue that an
-                    # iperf3 stopping at `size` would have drained: with the idle run's set-up
-                    # and exchange where shorter, the reading most favourable to iperf3.
-                    r["exact_gbit_per_s_idle"] = size * 8 / min(x["exact_wall_s"], x["exact_idle_wall_s"]) / 1e9
-                r["exact_gbit_per_s"] = size * 8 / r["exact_wall_s"] / 1e9 if r.get("exact_wall_s") else None
-                start = r.get("cp_start_after_emu_s") or 1.0
-                r["ceiling_gbit_per_s"] = mean_ceiling(path, start, start + r["seconds"]) if spec["steps"] else ceiling
-                r["of_ceiling"] = r["gbit_per_s"] / r["ceiling_gbit_per_s"]
-            rows.append({k2: v for k2, v in r.items() if k2 != "progress"})
-            print(json.dumps(rows[-1]), flush=True)
-        peers = [r for k, r in ok.items() if k != "wanxfer"]
+        peers = [r for k, r in ok.items() if k not in WANXFER_TOOLS]
         best_peer = max(peers, key=lambda r: r["gbit_per_s"]) if peers else None
         best = max(ok.values(), key=lambda r: r["gbit_per_s"]) if ok else None
         summary = {"path": name, "what": spec["what"], "bytes": size, "bdp": bdp, "buffer": path["buffer"],
@@ -564,13 +608,40 @@ def run_paths(a):
                     summary["recovery_iperf3_p1"] = recovery(path, i1["progress"])
                 summary["cp_start_after_emu_s"] = w["cp_start_after_emu_s"]
                 summary["progress"] = w["progress"]
+        fab, plain = ok.get("wanxfer-fabric"), ok.get("wanxfer-plain")
+        if fab and plain:
+            # The fabric target: the transports alone, both unencrypted.
+            summary["fabric_vs_tcp"] = figure(fab) / figure(plain)
+        if a.repeat > 1:
+            # Every repetition's own comparison: wanxfer against the best peer of that
+            # repetition, and for (f) its recovery seconds.
+            summary["repeats"] = a.repeat
+            per_rep = []
+            for i in range(a.repeat):
+                mine = [r for k, v in reps.items() for r in v[i:i + 1] if "error" not in r]
+                wx = next((r for r in mine if r["tool"] == "wanxfer"), None)
+                others = [figure(r) for r in mine if r["tool"] not in WANXFER_TOOLS]
+                entry = {"rep": i + 1,
+                         "wanxfer_vs_best_peer_exact": figure(wx) / max(others) if wx and others else None}
+                fab = next((r for r in mine if r["tool"] == "wanxfer-fabric"), None)
+                plain = next((r for r in mine if r["tool"] == "wanxfer-plain"), None)
+                if fab and plain:
+                    entry["fabric_vs_tcp"] = figure(fab) / figure(plain)
+                if wx and spec["steps"] and wx.get("progress"):
+                    entry["recovery_s"] = [rc["seconds_to_within"] for rc in recovery(path, wx["progress"])]
+                per_rep.append(entry)
+            summary["per_rep"] = per_rep
         summaries.append(summary)
-    meta = {"machine": benchlib.machine(), "load": benchlib.loadavg(), "binaries": REL, "scale": a.scale,
+    meta = {"machine": benchlib.machine(), "load": benchlib.loadavg(), "binaries": REL, "scale": a.scale, "repeat": a.repeat, "flags": a.flags,
             "paths": {n: PATHS[n]["what"] for n in a.paths.split(",")}}
     with open(a.out + ".json", "w") as f:
         json.dump({"meta": meta, "rows": rows, "paths": summaries}, f, indent=1)
-    cmdline = "sudo " + (f"WANXFER_BIN_DIR={BIN_DIR} " if BIN_DIR else "") + f"bench/tuning.py --paths {a.paths} --scale {a.scale} --tools {a.tools} --gridftp-p {a.gridftp_p}"
-    lines = [f"# The issue's six paths: wanxfer (no tuning flags) against iperf3 and GridFTP through wanxfer-emu", "",
+    cmdline = "sudo " + (f"WANXFER_BIN_DIR={BIN_DIR} " if BIN_DIR else "") + f"bench/tuning.py --paths {a.paths} --scale {a.scale} --tools {a.tools} --gridftp-p {a.gridftp_p}" \
+        + (f" --repeat {a.repeat}" if a.repeat > 1 else "") + (f" --flags='{a.flags}'" if a.flags else "")
+    tuned = f"with `{a.flags}`: **a control run, not the target's no-flags run**" if a.flags else "no tuning flags"
+    title = (f"wanxfer ({tuned}) against iperf3 and GridFTP" if "wanxfer" in a.tools.split(",")
+             else f"wanxfer's transports ({a.tools})")
+    lines = [f"# The issue's six paths: {title} through wanxfer-emu", "",
              f"Command: `{cmdline}`", "",
              f"Machine: {meta['machine']}; load {meta['load']}. Transfers are {a.scale:g} x the issue's size "
              f"(20 x BDP; (f): 10 s at each rate)" + (" -- **a smoke run, not the targets' size**" if a.scale < 1 else "")
@@ -593,7 +664,8 @@ def run_paths(a):
             if "error" in r:
                 lines.append(f"| {s['path']} | {r['tool']} | failed: {r['error'][:80]} | | | | | | | | | | | | |")
                 continue
-            lines.append(f"| {s['path']} | {r['tool']} | {r['streams']} | {r['gbit_per_s']:.3f} | {r['of_ceiling']:.2f} | "
+            tool = r["tool"] + (f" #{r['rep']}" if a.repeat > 1 else "")
+            lines.append(f"| {s['path']} | {tool} | {r['streams']} | {r['gbit_per_s']:.3f} | {r['of_ceiling']:.2f} | "
                          f"{r['gbit_per_s'] / s['best_gbit_per_s']:.2f} | {r['seconds']:.1f} | {f3(r.get('wall_s'), 1)} | "
                          f"{f3(r.get('wall_gbit_per_s'), 3)} | {f3(r.get('wall_gbit_per_s_asked'), 3)} | "
                          f"{f3(r.get('exact_wall_s'), 2)} | {f3(r.get('exact_gbit_per_s'), 3)} | {f3(r['client_cpu_s'])} | "
@@ -654,6 +726,23 @@ def run_paths(a):
                          f"of the new ceiling after {f3(rc['seconds_to_within'], 1)} s (target <= 5 s; 1 s progress lines, an "
                          f"upper bound by at most {f3(max(0.0, s['cp_start_after_emu_s'] - 1), 1)} s, the emulator's start-up), staying within "
                          f"it in {f3(rc['share_within_after'])} of the {rc['lines_after']} lines after.")
+    for s in summaries:
+        if s.get("fabric_vs_tcp"):
+            lines += ["", f"Path {s['path']}: wanxfer-fabric / wanxfer-plain (both `--no-encryption`, so only the "
+                      f"transport differs), by each one's exact figure: **{s['fabric_vs_tcp']:.2f}** "
+                      "(target >= 0.9 on (b) and (d))."]
+    for s in summaries:
+        if s.get("per_rep"):
+            lines += ["", f"Path {s['path']}, each repetition on its own: wanxfer's exact figure against the best "
+                      "peer's of the same repetition" + (", and its seconds to within 10% after each rate change"
+                                                         if any("recovery_s" in e for e in s["per_rep"]) else "")
+                      + ". The tables above show each tool's median run.", "",
+                      "| repetition | wanxfer / best peer, exact | fabric / TCP, unencrypted | recovery s |",
+                      "|---|---|---|---|"]
+            for e in s["per_rep"]:
+                rec = ", ".join(f3(v, 1) for v in e.get("recovery_s", [])) or "-"
+                lines.append(f"| {e['rep']} | {f3(e['wanxfer_vs_best_peer_exact'])} | {f3(e.get('fabric_vs_tcp'))} "
+                             f"| {rec} |")
     with open(a.out + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -674,6 +763,10 @@ def main():
     ap.add_argument("--tools", default="wanxfer,iperf3-P1,iperf3-P4,gridftp", help="with --paths")
     ap.add_argument("--gridftp-p", type=int, default=4, help="with --paths: globus-url-copy -p (-tcp-bs is "
                     "2 x BDP / p, at least 1 MiB)")
+    ap.add_argument("--repeat", type=int, default=1, help="with --paths: runs of every tool per path, "
+                    "interleaved; each tool's median run stands for it in the summary")
+    ap.add_argument("--flags", default="", help="with --paths: extra `wanxfer cp` flags (a control run, e.g. "
+                    "--streams 2: then it is not the target's no-flags run, and the output says so)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     a.out = a.out or os.path.join(ROOT, "bench", "runs", "paths" if a.paths else "tuning")
@@ -683,6 +776,8 @@ def main():
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "wanxfer", "-p", "wanxfer-emu"],
                        cwd=ROOT, check=True)
     if a.paths:
+        if a.repeat < 1:
+            sys.exit("--repeat: at least 1")
         return run_paths(a)
     size = benchlib.parse_size(a.bytes)
     ceiling = rate_bps(a.rate) * 1448 / 1500 / 1e9
