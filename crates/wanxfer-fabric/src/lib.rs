@@ -35,5 +35,5 @@ pub use channel::{
 };
 pub use conn::{Completion, ConnConfig, Connection, Listener};
 pub use error::{Error, OpKind, Result};
-pub use info::{FabricConfig, ProviderInfo};
+pub use info::{prepare, FabricConfig, ProviderInfo};
 pub use mr::{Access, MemoryRegion, RegistrationCount, RemoteSlot};

@@ -512,6 +512,9 @@ fn run_once(
     // the session is agreed (a join needs the session's id and key).
     let early = Arc::new(Early::default());
     let fabric = matches!(cfg.tuning.transport, Transport::Fabric { .. });
+    if let Transport::Fabric { provider } = &cfg.tuning.transport {
+        FabricTransport::prepare(provider);
+    }
     // A push's first entries go behind the request when the server takes them
     // (`features::PIPELINE`), to be answered with the session: not with --preserve,
     // whose entries depend on what the server agrees to keep.

@@ -672,6 +672,7 @@ impl Driver {
         };
         let transport = self.setup.transport.clone();
         self.start_link(index, move || {
+            transport.begin_link();
             let opened = opener(index)?;
             Ok((transport.connect(opened.joined)?, opened.round_trips))
         });

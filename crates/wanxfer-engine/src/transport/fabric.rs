@@ -26,7 +26,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -159,13 +159,29 @@ pub struct FabricTransport {
 
 enum Side {
     /// Dials the server's per-session fabric listener for each link.
-    Client { provider: String, addr: SocketAddr },
+    Client {
+        provider: String,
+        addr: SocketAddr,
+        /// Channels being dialled ahead of their links (see `begin_link`), oldest first.
+        dialing: Mutex<VecDeque<Receiver<Result<Channel, Error>>>>,
+    },
     /// Pairs fabric channels, accepted by a thread of their own, with joined data
     /// connections.
     Server { pairing: Arc<Pairing> },
 }
 
 impl FabricTransport {
+    /// Starts loading libfabric and its providers on a thread of its own, so that a
+    /// client's handshake hides the time it takes (see [`wanxfer_fabric::prepare`]).
+    pub fn prepare(provider: &str) {
+        let cfg = fabric_config(provider);
+        // Nothing waits for it: the session's own discovery takes libfabric's lock and
+        // finds the providers ready, or waits for them as it would have anyway.
+        let _ = std::thread::Builder::new()
+            .name("wanxfer-fabric-init".into())
+            .spawn(move || wanxfer_fabric::prepare(&cfg));
+    }
+
     /// The client's side: `addr` is the server's fabric listener for this session.
     pub fn client(
         provider: &str,
@@ -183,6 +199,7 @@ impl FabricTransport {
             side: Side::Client {
                 provider: provider.to_string(),
                 addr,
+                dialing: Mutex::new(VecDeque::new()),
             },
             receive_key: None,
         }
@@ -248,22 +265,75 @@ impl Transport for FabricTransport {
         None
     }
 
+    /// Why dial ahead: a fabric channel's connect is a TCP handshake and the provider's
+    /// own (two round trips with the tcp provider), and its data connection's join waits
+    /// a round trip for its answer; one after the other, every link started two round
+    /// trips later than it had to. A channel is anyone's until it presents a join, so
+    /// `connect` takes whichever was dialled first.
+    fn begin_link(&self) {
+        let Side::Client {
+            provider,
+            addr,
+            dialing,
+        } = &self.side
+        else {
+            return;
+        };
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let (cfg, chan, addr, peer) = (
+            fabric_config(provider),
+            self.plan.channel_config(),
+            *addr,
+            self.peer.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("wanxfer-fdial".into())
+            .spawn(move || {
+                let dialled = Channel::connect(&cfg, addr, &chan)
+                    .map_err(|e| fabric_error(&peer, "connecting a fabric channel to", e));
+                let _ = tx.send(dialled);
+            });
+        if spawned.is_ok() {
+            dialing.lock().expect("no panics while held").push_back(rx);
+        }
+    }
+
     fn connect(&self, joined: Joined) -> Result<Box<dyn Link>, Error> {
-        let Side::Client { provider, addr } = &self.side else {
+        let Side::Client {
+            provider,
+            addr,
+            dialing,
+        } = &self.side
+        else {
             return Err(Error::Internal(
                 "a server does not dial fabric channels".into(),
             ));
         };
         let Joined { stream, join } = joined;
         let index = join.index;
-        let mut channel =
-            Channel::connect(&fabric_config(provider), *addr, &self.plan.channel_config())
-                .map_err(|e| fabric_error(&self.peer, "connecting a fabric channel to", e))?;
         let mut frame = Vec::new();
         encode_frame(&Message::ChannelJoin(join), &mut frame);
-        channel
-            .send_control(&frame)
-            .map_err(|e| fabric_error(&self.peer, "joining a fabric channel at", e))?;
+        // One dialled ahead, if it connected and takes the join; else dialled now (one
+        // dialled ahead may have died since, as a cut ends every connection).
+        let ahead = dialing.lock().expect("no panics while held").pop_front();
+        let ready = ahead
+            .and_then(|rx| rx.recv().ok())
+            .and_then(|dialled| dialled.ok())
+            .and_then(|mut channel| channel.send_control(&frame).is_ok().then_some(channel));
+        let channel = match ready {
+            Some(channel) => channel,
+            None => {
+                let mut channel =
+                    Channel::connect(&fabric_config(provider), *addr, &self.plan.channel_config())
+                        .map_err(|e| {
+                            fabric_error(&self.peer, "connecting a fabric channel to", e)
+                        })?;
+                channel
+                    .send_control(&frame)
+                    .map_err(|e| fabric_error(&self.peer, "joining a fabric channel at", e))?;
+                channel
+            }
+        };
         Ok(self.link(channel, stream, index))
     }
 
@@ -342,16 +412,27 @@ impl Pairing {
     }
 }
 
+/// Fabric channels whose joins are awaited at once, each on a thread of its own; past
+/// this, the acceptor waits for a join itself before it accepts the next channel.
+///
+/// Why not one at a time: a channel's join arrives a round trip after its connect, so
+/// waiting for each before accepting the next opened a session's channels one round
+/// trip apart (through the emulator at 100 ms, the fourth of four started writing 0.3
+/// s after the first; at 200 ms it would be 0.6 s, and every channel the tuner adds
+/// queues behind the others' joins).
+const MAX_JOINING: usize = 16;
+
 /// Accepts fabric channels until the session ends; each must join first.
 fn accept_loop(
     listener: &mut Listener,
     cfg: &ChannelConfig,
-    pairing: &Pairing,
+    pairing: &Arc<Pairing>,
     cancel: &Cancel,
     peer: &str,
 ) {
+    let joining = Arc::new(AtomicUsize::new(0));
     while !cancel.is_cancelled() {
-        let mut channel = match Channel::accept_within(listener, cfg, Some(CANCEL_POLL)) {
+        let channel = match Channel::accept_within(listener, cfg, Some(CANCEL_POLL)) {
             Ok(channel) => channel,
             Err(wanxfer_fabric::Error::Timeout { .. }) => continue,
             Err(e) => {
@@ -359,20 +440,46 @@ fn accept_loop(
                 continue;
             }
         };
-        match await_join(&mut channel, peer) {
-            Ok(join) if pairing.arrive(join, channel) => {}
-            Ok(join) => tracing::warn!(
-                "fabric channel {} from {peer} refused: a duplicate, or too many waiting",
-                join.index
-            ),
-            Err(e) => tracing::warn!("fabric channel from {peer}: {e}"),
+        if joining.load(Ordering::Acquire) >= MAX_JOINING {
+            pair(channel, pairing, cancel, peer);
+            continue;
+        }
+        joining.fetch_add(1, Ordering::AcqRel);
+        let (pairing, cancel, who, done) = (
+            pairing.clone(),
+            cancel.clone(),
+            peer.to_string(),
+            joining.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("wanxfer-fjoin".into())
+            .spawn(move || {
+                pair(channel, &pairing, &cancel, &who);
+                done.fetch_sub(1, Ordering::AcqRel);
+            });
+        if let Err(e) = spawned {
+            // The channel went with the closure, and is closed.
+            joining.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!("fabric channel from {peer}: no thread to await its join: {e}");
         }
     }
 }
 
-fn await_join(channel: &mut Channel, peer: &str) -> Result<ChannelJoin, Error> {
+/// Waits for `channel`'s join and hands it to the pairing.
+fn pair(mut channel: Channel, pairing: &Pairing, cancel: &Cancel, peer: &str) {
+    match await_join(&mut channel, cancel, peer) {
+        Ok(join) if pairing.arrive(join, channel) => {}
+        Ok(join) => tracing::warn!(
+            "fabric channel {} from {peer} refused: a duplicate, or too many waiting",
+            join.index
+        ),
+        Err(e) => tracing::warn!("fabric channel from {peer}: {e}"),
+    }
+}
+
+fn await_join(channel: &mut Channel, cancel: &Cancel, peer: &str) -> Result<ChannelJoin, Error> {
     let deadline = Instant::now() + PAIRING_TIMEOUT;
-    while Instant::now() < deadline {
+    while Instant::now() < deadline && !cancel.is_cancelled() {
         match channel
             .wait(Some(CANCEL_POLL))
             .map_err(|e| fabric_error(peer, "joining a fabric channel from", e))?
@@ -960,5 +1067,44 @@ mod tests {
         let (mut block, len) = landed(chunk(1 << 20, payload.len()), &payload, unpadded);
         let e = take_block_in_place(&mut block, len, &limits(), "peer").unwrap_err();
         assert!(e.to_string().contains("does not match its header"), "{e}");
+    }
+
+    /// A channel that connects and never joins (a slow client, or a stranger who found
+    /// the port) must not hold up the channels behind it: each join is awaited on its
+    /// own. Waited on one at a time, the second join would be read only once the first
+    /// wait ran out (`PAIRING_TIMEOUT`), as long as the pairing below waits.
+    #[test]
+    fn a_channel_that_never_joins_does_not_hold_up_the_next() {
+        let (mut listener, _) = match listen("tcp", "127.0.0.1".parse().unwrap()) {
+            Ok(listening) => listening,
+            Err(e) => {
+                eprintln!("skipped: no libfabric tcp provider here: {e}");
+                return;
+            }
+        };
+        let addr = listener.local_addr();
+        let plan = SlotPlan::new(1 << 20, 1);
+        let cfg = plan.channel_config();
+        let pairing = Arc::new(Pairing::default());
+        let cancel = Cancel::default();
+        let acceptor = {
+            let (pairing, cancel, cfg) = (pairing.clone(), cancel.clone(), cfg.clone());
+            std::thread::spawn(move || accept_loop(&mut listener, &cfg, &pairing, &cancel, "test"))
+        };
+        let dial = || Channel::connect(&fabric_config("tcp"), addr, &cfg).unwrap();
+        let _silent = dial();
+        let mut joining = dial();
+        let join = ChannelJoin {
+            session_id: [1; 16],
+            index: 1,
+            proof: [7; 32],
+        };
+        let mut frame = Vec::new();
+        encode_frame(&Message::ChannelJoin(join), &mut frame);
+        joining.send_control(&frame).unwrap();
+        let paired = pairing.wait(1, &[7; 32], "test");
+        cancel.cancel();
+        acceptor.join().unwrap();
+        assert!(paired.is_ok(), "{:?}", paired.err());
     }
 }

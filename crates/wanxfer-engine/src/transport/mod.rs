@@ -87,6 +87,11 @@ pub trait Transport: Send + Sync {
     /// session's agreed numbers); `None` where each link brings its own receive memory.
     fn receive_pool(&self, buffers: usize, block_size: usize) -> Option<Pool>;
 
+    /// Client: starts what a link needs besides its data connection, so that it
+    /// overlaps that connection's opening and join; the next [`Transport::connect`]
+    /// takes it up. Nothing by default.
+    fn begin_link(&self) {}
+
     /// Client: a link over a joined data connection.
     fn connect(&self, joined: Joined) -> Result<Box<dyn Link>, Error>;
 
