@@ -170,11 +170,13 @@ unsafe fn c_string(p: *const libc::c_char) -> String {
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
-/// Where the endpoint sits: a local address to listen on, or a peer to dial.
+/// Where the endpoint sits: a local address to listen on, or a peer to dial; or
+/// nowhere yet, asking for whatever the providers offer (only to start them).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Role {
     Listen(SocketAddr),
     Connect(SocketAddr),
+    Any,
 }
 
 /// Runs `fi_getinfo` for a connected RMA endpoint at `role`'s address.
@@ -200,33 +202,13 @@ pub(crate) fn discover(cfg: &FabricConfig, role: Role) -> Result<OwnedInfo> {
 /// discovery for a real endpoint then reports any error.
 ///
 /// Why: the first `fi_getinfo` of a process loads the library with its providers'
-/// dependencies and runs every provider's start-up (device scans, netlink queries): 0.5-0.8
-/// s on Debian 12 with no RDMA hardware, which a client paid after its session was agreed
+/// dependencies and runs every provider's start-up (device scans, netlink queries): 0.46
+/// s for `fi_info` on Debian 12 with no RDMA hardware, which a client paid after its session was agreed
 /// and before its first fabric connect. Called as the client starts its handshake, that
 /// time overlaps the handshake's round trips. Safe to call from any thread, and again.
 pub fn prepare(cfg: &FabricConfig) {
-    if sys::library_unavailable().is_some() {
-        return;
-    }
-    let Ok(hints) = build_hints(cfg) else {
-        return;
-    };
-    let mut out = ptr::null_mut();
-    // SAFETY: hints is a valid fi_info; a null node and service ask for every endpoint
-    // the providers offer; `out` receives a list we then own and free.
-    let ret = unsafe {
-        sys::fi_getinfo(
-            API_VERSION,
-            ptr::null(),
-            ptr::null(),
-            0,
-            hints.as_ptr(),
-            &mut out,
-        )
-    };
-    if ret == 0 {
-        // SAFETY: fi_getinfo succeeded, so `out` is a list we own (null is fine).
-        drop(unsafe { OwnedInfo::from_raw(out) });
+    if sys::library_unavailable().is_none() {
+        let _ = getinfo(cfg, Role::Any);
     }
 }
 
@@ -234,19 +216,22 @@ pub fn prepare(cfg: &FabricConfig) {
 fn getinfo(cfg: &FabricConfig, role: Role) -> std::result::Result<OwnedInfo, i32> {
     let hints = build_hints(cfg)?;
     let (addr, flags) = match role {
-        Role::Listen(a) => (a, sys::FI_SOURCE),
-        Role::Connect(a) => (a, 0),
+        Role::Listen(a) => (Some(a), sys::FI_SOURCE),
+        Role::Connect(a) => (Some(a), 0),
+        Role::Any => (None, 0),
     };
-    let node = CString::new(addr.ip().to_string()).expect("IP text has no NUL");
-    let service = CString::new(addr.port().to_string()).expect("port text has no NUL");
+    let text = |s: String| CString::new(s).expect("address text has no NUL");
+    let node = addr.map(|a| text(a.ip().to_string()));
+    let service = addr.map(|a| text(a.port().to_string()));
+    let c_ptr = |c: &Option<CString>| c.as_ref().map_or(ptr::null(), |c| c.as_ptr());
     let mut out = ptr::null_mut();
-    // SAFETY: hints is a valid fi_info, node/service are NUL-terminated and
+    // SAFETY: hints is a valid fi_info, node/service are null or NUL-terminated and
     // outlive the call, and `out` receives a list we then own.
     let ret = unsafe {
         sys::fi_getinfo(
             API_VERSION,
-            node.as_ptr(),
-            service.as_ptr(),
+            c_ptr(&node),
+            c_ptr(&service),
             flags,
             hints.as_ptr(),
             &mut out,

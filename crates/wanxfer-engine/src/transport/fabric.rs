@@ -159,12 +159,7 @@ pub struct FabricTransport {
 
 enum Side {
     /// Dials the server's per-session fabric listener for each link.
-    Client {
-        provider: String,
-        addr: SocketAddr,
-        /// Channels being dialled ahead of their links (see `begin_link`), oldest first.
-        dialing: Mutex<VecDeque<Receiver<Result<Channel, Error>>>>,
-    },
+    Client(Dialer),
     /// Pairs fabric channels, accepted by a thread of their own, with joined data
     /// connections.
     Server { pairing: Arc<Pairing> },
@@ -196,11 +191,13 @@ impl FabricTransport {
             plan,
             session_tag,
             max_payload,
-            side: Side::Client {
+            side: Side::Client(Dialer {
                 provider: provider.to_string(),
                 addr,
-                dialing: Mutex::new(VecDeque::new()),
-            },
+                channel: plan.channel_config(),
+                peer: addr.to_string(),
+                ahead: Mutex::new(VecDeque::new()),
+            }),
             receive_key: None,
         }
     }
@@ -265,46 +262,14 @@ impl Transport for FabricTransport {
         None
     }
 
-    /// Why dial ahead: a fabric channel's connect is a TCP handshake and the provider's
-    /// own (two round trips with the tcp provider), and its data connection's join waits
-    /// a round trip for its answer; one after the other, every link started two round
-    /// trips later than it had to. A channel is anyone's until it presents a join, so
-    /// `connect` takes whichever was dialled first.
     fn begin_link(&self) {
-        let Side::Client {
-            provider,
-            addr,
-            dialing,
-        } = &self.side
-        else {
-            return;
-        };
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let (cfg, chan, addr, peer) = (
-            fabric_config(provider),
-            self.plan.channel_config(),
-            *addr,
-            self.peer.clone(),
-        );
-        let spawned = std::thread::Builder::new()
-            .name("wanxfer-fdial".into())
-            .spawn(move || {
-                let dialled = Channel::connect(&cfg, addr, &chan)
-                    .map_err(|e| fabric_error(&peer, "connecting a fabric channel to", e));
-                let _ = tx.send(dialled);
-            });
-        if spawned.is_ok() {
-            dialing.lock().expect("no panics while held").push_back(rx);
+        if let Side::Client(dialer) = &self.side {
+            dialer.begin();
         }
     }
 
     fn connect(&self, joined: Joined) -> Result<Box<dyn Link>, Error> {
-        let Side::Client {
-            provider,
-            addr,
-            dialing,
-        } = &self.side
-        else {
+        let Side::Client(dialer) = &self.side else {
             return Err(Error::Internal(
                 "a server does not dial fabric channels".into(),
             ));
@@ -313,27 +278,7 @@ impl Transport for FabricTransport {
         let index = join.index;
         let mut frame = Vec::new();
         encode_frame(&Message::ChannelJoin(join), &mut frame);
-        // One dialled ahead, if it connected and takes the join; else dialled now (one
-        // dialled ahead may have died since, as a cut ends every connection).
-        let ahead = dialing.lock().expect("no panics while held").pop_front();
-        let ready = ahead
-            .and_then(|rx| rx.recv().ok())
-            .and_then(|dialled| dialled.ok())
-            .and_then(|mut channel| channel.send_control(&frame).is_ok().then_some(channel));
-        let channel = match ready {
-            Some(channel) => channel,
-            None => {
-                let mut channel =
-                    Channel::connect(&fabric_config(provider), *addr, &self.plan.channel_config())
-                        .map_err(|e| {
-                            fabric_error(&self.peer, "connecting a fabric channel to", e)
-                        })?;
-                channel
-                    .send_control(&frame)
-                    .map_err(|e| fabric_error(&self.peer, "joining a fabric channel at", e))?;
-                channel
-            }
-        };
+        let channel = dialer.joined(&frame)?;
         Ok(self.link(channel, stream, index))
     }
 
@@ -356,6 +301,75 @@ impl Transport for FabricTransport {
         let Joined { stream, join } = joined;
         let channel = pairing.wait(join.index, &join.proof, &self.peer)?;
         Ok(self.link(channel, stream, join.index))
+    }
+}
+
+/// The client's fabric channels to one session's listener, dialled ahead of their links.
+///
+/// Why dial ahead: a fabric channel's connect is a TCP handshake and the provider's own
+/// (two round trips with the tcp provider), and its data connection's join waits a round
+/// trip for its answer; one after the other, every link started two round trips later
+/// than it had to. A channel is anyone's until it presents a join, so a link takes
+/// whichever was dialled first.
+struct Dialer {
+    provider: String,
+    addr: SocketAddr,
+    channel: ChannelConfig,
+    peer: String,
+    /// Channels being dialled, oldest first.
+    ahead: Mutex<VecDeque<Receiver<Result<Channel, Error>>>>,
+}
+
+impl Dialer {
+    fn dial(
+        provider: &str,
+        addr: SocketAddr,
+        channel: &ChannelConfig,
+        peer: &str,
+    ) -> Result<Channel, Error> {
+        Channel::connect(&fabric_config(provider), addr, channel)
+            .map_err(|e| fabric_error(peer, "connecting a fabric channel to", e))
+    }
+
+    /// Starts dialling one channel on a thread of its own.
+    fn begin(&self) {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let (provider, addr, channel, peer) = (
+            self.provider.clone(),
+            self.addr,
+            self.channel.clone(),
+            self.peer.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("wanxfer-fdial".into())
+            .spawn(move || {
+                let _ = tx.send(Self::dial(&provider, addr, &channel, &peer));
+            });
+        if spawned.is_ok() {
+            self.ahead
+                .lock()
+                .expect("no panics while held")
+                .push_back(rx);
+        }
+    }
+
+    /// A channel that took the join `frame`: the oldest dialled ahead, if it connected
+    /// and takes it, else one dialled now (one dialled ahead may have died since, as a
+    /// cut ends every connection).
+    fn joined(&self, frame: &[u8]) -> Result<Channel, Error> {
+        let ahead = self.ahead.lock().expect("no panics while held").pop_front();
+        let ready = ahead
+            .and_then(|rx| rx.recv().ok())
+            .and_then(|dialled| dialled.ok())
+            .and_then(|mut channel| channel.send_control(frame).is_ok().then_some(channel));
+        if let Some(channel) = ready {
+            return Ok(channel);
+        }
+        let mut channel = Self::dial(&self.provider, self.addr, &self.channel, &self.peer)?;
+        channel
+            .send_control(frame)
+            .map_err(|e| fabric_error(&self.peer, "joining a fabric channel at", e))?;
+        Ok(channel)
     }
 }
 
