@@ -138,7 +138,10 @@ fn sigterm_drains_the_server_and_the_retrying_client_resumes_after_a_restart() {
 
 #[test]
 fn partial_files_nobody_comes_back_for_are_removed_after_keep_partial() {
-    let mut site = Site::with_serve_flags(&["--keep-partial", "2s"]);
+    // Long enough that a loaded machine's session end and first restart (seconds,
+    // beside the 3 GiB tests) still come within it: the journal's age counts from its
+    // last write.
+    let mut site = Site::with_serve_flags(&["--keep-partial", "15s"]);
     let src = large_source(&site.path("large.bin"));
     let mut client = cp_command([src.as_os_str(), &site.server.url("large.bin")])
         .stdout(Stdio::null())
@@ -157,7 +160,7 @@ fn partial_files_nobody_comes_back_for_are_removed_after_keep_partial() {
     // Within --keep-partial a restart keeps it; past it, the restart removes it.
     site.server.restart();
     assert_eq!(temp_files(site.root()).len(), 1, "kept while it may resume");
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_secs(16));
     site.server.restart();
     wait_for("the log to say what went", Duration::from_secs(30), || {
         site.server.log().contains("removed an abandoned transfer")
