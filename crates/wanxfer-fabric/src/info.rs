@@ -198,18 +198,23 @@ pub(crate) fn discover(cfg: &FabricConfig, role: Role) -> Result<OwnedInfo> {
     Ok(info)
 }
 
-/// Loads libfabric and has it initialise its providers, discarding what it finds; the
-/// discovery for a real endpoint then reports any error.
+/// Loads libfabric and has it initialise its providers; returns what discovery would
+/// pick for `cfg`, or why nothing matches.
 ///
 /// Why: the first `fi_getinfo` of a process loads the library with its providers'
 /// dependencies and runs every provider's start-up (device scans, netlink queries): 0.46
-/// s for `fi_info` on Debian 12 with no RDMA hardware, which a client paid after its session was agreed
-/// and before its first fabric connect. Called as the client starts its handshake, that
-/// time overlaps the handshake's round trips. Safe to call from any thread, and again.
-pub fn prepare(cfg: &FabricConfig) {
-    if sys::library_unavailable().is_none() {
-        let _ = getinfo(cfg, Role::Any);
-    }
+/// s for `fi_info` on Debian 12 with no RDMA hardware. A client calls this once its
+/// control connection is up, so that the time overlaps the handshake's round trips
+/// instead of following the session's agreement; a server calls it as it starts, so that
+/// its first fabric session does not pay it (and the operator learns at once whether the
+/// provider is there). Safe to call from any thread, and again.
+///
+/// Loading the library runs its dependencies' constructors under the dynamic loader's
+/// lock, for 0.2 s here (libpsm_infinipath's polls a device in a sleeping loop), and every
+/// thread takes that lock as it starts, as does a first `dlsym`: what must not wait
+/// should be started before this is.
+pub fn prepare(cfg: &FabricConfig) -> Result<ProviderInfo> {
+    discover(cfg, Role::Any).map(|info| info.describe())
 }
 
 /// One `fi_getinfo` attempt; the error is libfabric's positive errno.

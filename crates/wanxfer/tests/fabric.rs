@@ -294,6 +294,53 @@ fn fabric_is_refused_clearly_where_it_is_not_offered() {
         .assert_stderr_mentions("no-such-provider");
 }
 
+/// A server offering fabric starts libfabric as it starts (so its first session does not
+/// wait for it) and says what it found, before any client asks; a provider that is not
+/// there is a warning, and the server goes on serving TCP.
+#[test]
+fn a_fabric_server_reports_its_provider_as_it_starts() {
+    if !fabric_available() {
+        return;
+    }
+    let logged = |site: &Site, what: &str| {
+        // The start-up runs on a thread of its own: wait for its line, within a bound.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while std::time::Instant::now() < deadline {
+            if site.server.log().contains(what) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    };
+    let site = fabric_site();
+    assert!(
+        logged(&site, "fabric transport ready: provider tcp"),
+        "{}",
+        site.server.log()
+    );
+
+    let missing = Site::with_serve_flags(&[
+        "--transport",
+        "fabric",
+        "--provider",
+        "no-such-provider",
+        ALLOW,
+    ]);
+    assert!(
+        logged(&missing, "fabric transport no-such-provider unavailable"),
+        "{}",
+        missing.server.log()
+    );
+    let src = missing.path("small.bin");
+    write_pattern(&src, 100_000, 3);
+    cp([src.as_os_str(), &missing.server.url("small.bin")]).assert_ok();
+    assert_eq!(
+        fs::read(&src).unwrap(),
+        fs::read(missing.root().join("small.bin")).unwrap()
+    );
+}
+
 #[test]
 fn more_slots_than_control_window_still_close_cleanly() {
     if !fabric_available() {

@@ -512,9 +512,6 @@ fn run_once(
     // the session is agreed (a join needs the session's id and key).
     let early = Arc::new(Early::default());
     let fabric = matches!(cfg.tuning.transport, Transport::Fabric { .. });
-    if let Transport::Fabric { provider } = &cfg.tuning.transport {
-        FabricTransport::prepare(provider);
-    }
     // A push's first entries go behind the request when the server takes them
     // (`features::PIPELINE`), to be answered with the session: not with --preserve,
     // whose entries depend on what the server agrees to keep.
@@ -535,7 +532,16 @@ fn run_once(
     let agreed = handshake(
         cfg,
         request.clone(),
-        || early.start(cfg, tuning.streams),
+        || {
+            early.start(cfg, tuning.streams);
+            // libfabric's start-up (see `FabricTransport::prepare`) holds the dynamic
+            // loader's lock for 0.2 s, and every thread takes that lock as it starts:
+            // begun after the early connections' threads, it no longer holds them up.
+            // What it finds, the session's own discovery finds again and reports.
+            if let Transport::Fabric { provider } = &cfg.tuning.transport {
+                FabricTransport::prepare(provider, |_| ());
+            }
+        },
         pipeline,
     )?;
     // A server that knows --preserve says itself why it keeps no owners (not root, or
@@ -844,14 +850,18 @@ fn authenticate(
         ));
     }
     let tcp = conn::connect(peer, deadline, cfg.tuning.stall_timeout)?;
+    // Drawn before `connected` starts threads: the first draw looks its system call up
+    // through the dynamic loader, whose lock a fabric client's libfabric start-up (begun
+    // there) holds for 0.2 s.
+    let nonce = random()?;
     connected();
     let mut stream = conn::secure(tcp, peer, tls, deadline)?;
     // The connect, then TLS or the plaintext greeting; the proof's answer below.
     let round_trips = 3;
     let mut handshake = match &cfg.grant {
-        None => ClientHandshake::new(&cfg.secret, random()?, client_features(&cfg.tuning)),
+        None => ClientHandshake::new(&cfg.secret, nonce, client_features(&cfg.tuning)),
         Some((id, secret)) => {
-            ClientHandshake::for_grant(*id, secret, random()?, client_features(&cfg.tuning))
+            ClientHandshake::for_grant(*id, secret, nonce, client_features(&cfg.tuning))
         }
     }
     .with_binding(stream.binding());

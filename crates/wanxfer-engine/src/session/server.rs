@@ -535,6 +535,23 @@ impl Server {
     /// session ends (keeping partial files for a later run), within the drain timeout.
     pub fn serve(&self, cancel: &Cancel) -> Result<(), Error> {
         Server::collect_garbage(&self.shared);
+        if let Some(provider) = &self.shared.limits.fabric_provider {
+            // libfabric's start-up (0.46 s here) is paid now, not by the first fabric
+            // session, and a provider that is missing is logged before anyone asks.
+            let provider_name = provider.clone();
+            FabricTransport::prepare(provider, move |found| match found {
+                Ok(names) => tracing::info!(
+                    "fabric transport ready: provider {}, fabric {}, domain {}",
+                    names.provider,
+                    names.fabric,
+                    names.domain
+                ),
+                Err(e) => tracing::warn!(
+                    "fabric transport {provider_name} unavailable, so sessions asking for it \
+                     will fail: {e}"
+                ),
+            });
+        }
         let gc = {
             let shared = self.shared.clone();
             let every = (self.shared.limits.keep_partial / 4)

@@ -166,15 +166,27 @@ enum Side {
 }
 
 impl FabricTransport {
-    /// Starts loading libfabric and its providers on a thread of its own, so that a
-    /// client's handshake hides the time it takes (see [`wanxfer_fabric::prepare`]).
-    pub fn prepare(provider: &str) {
+    /// Starts loading libfabric and its providers on a thread of its own, so that the
+    /// first session using them finds them ready (see [`wanxfer_fabric::prepare`]);
+    /// `done` then gets the names discovery chose, or why `provider` is not there.
+    pub fn prepare(provider: &str, done: impl FnOnce(Result<FabricNames, Error>) + Send + 'static) {
         let cfg = fabric_config(provider);
-        // Nothing waits for it: the session's own discovery takes libfabric's lock and
+        let provider = provider.to_owned();
+        // Nothing else waits for it: a session's own discovery takes libfabric's lock and
         // finds the providers ready, or waits for them as it would have anyway.
         let _ = std::thread::Builder::new()
             .name("wanxfer-fabric-init".into())
-            .spawn(move || wanxfer_fabric::prepare(&cfg));
+            .spawn(move || {
+                let found = wanxfer_fabric::prepare(&cfg)
+                    .map(|info| FabricNames {
+                        provider: info.provider,
+                        fabric: info.fabric,
+                        domain: info.domain,
+                        ..FabricNames::default()
+                    })
+                    .map_err(|e| fabric_error(&provider, "starting the fabric provider", e));
+                done(found);
+            });
     }
 
     /// The client's side: `addr` is the server's fabric listener for this session.
