@@ -486,7 +486,11 @@ fn run_once(
     // tuned session asks for pools for a few streams; more join and share them.
     let mut asked = cfg.tuning.clone();
     if asked.auto_streams {
-        asked.streams = asked.streams.max(super::AUTO_POOL_STREAMS);
+        let start = match asked.transport {
+            Transport::Fabric { .. } => super::AUTO_FABRIC_STREAMS,
+            Transport::Tcp => super::AUTO_POOL_STREAMS,
+        };
+        asked.streams = asked.streams.max(start);
     }
     let tuning = asked.fitted(matches!(job, ClientJob::Pull { .. }));
     let mut request = open_request(
