@@ -72,6 +72,18 @@ pub struct FabricNames {
     pub control_credits: u32,
 }
 
+impl FabricNames {
+    /// What discovery chose, before any channel sets the sizes.
+    fn discovered(info: &wanxfer_fabric::ProviderInfo) -> FabricNames {
+        FabricNames {
+            provider: info.provider.clone(),
+            fabric: info.fabric.clone(),
+            domain: info.domain.clone(),
+            ..FabricNames::default()
+        }
+    }
+}
+
 /// Sizes both sides derive from the agreed session parameters.
 #[derive(Debug, Clone, Copy)]
 pub struct SlotPlan {
@@ -132,13 +144,7 @@ fn fabric_error(peer: &str, context: &'static str, e: wanxfer_fabric::Error) -> 
 pub fn listen(provider: &str, ip: IpAddr) -> Result<(Listener, FabricNames), Error> {
     let listener = Listener::bind(&fabric_config(provider), SocketAddr::new(ip, 0))
         .map_err(|e| fabric_error(&ip.to_string(), "opening a fabric listener on", e))?;
-    let info = listener.provider();
-    let names = FabricNames {
-        provider: info.provider.clone(),
-        fabric: info.fabric.clone(),
-        domain: info.domain.clone(),
-        ..FabricNames::default()
-    };
+    let names = FabricNames::discovered(listener.provider());
     Ok((listener, names))
 }
 
@@ -178,12 +184,7 @@ impl FabricTransport {
             .name("wanxfer-fabric-init".into())
             .spawn(move || {
                 let found = wanxfer_fabric::prepare(&cfg)
-                    .map(|info| FabricNames {
-                        provider: info.provider,
-                        fabric: info.fabric,
-                        domain: info.domain,
-                        ..FabricNames::default()
-                    })
+                    .map(|info| FabricNames::discovered(&info))
                     .map_err(|e| fabric_error(&provider, "starting the fabric provider", e));
                 done(found);
             });
@@ -538,13 +539,10 @@ fn await_join(channel: &mut Channel, cancel: &Cancel, peer: &str) -> Result<Chan
 
 /// Names of what a channel's discovery chose, and the sizes it runs with.
 pub fn names(channel: &Channel) -> FabricNames {
-    let info = channel.provider();
     FabricNames {
-        provider: info.provider.clone(),
-        fabric: info.fabric.clone(),
-        domain: info.domain.clone(),
         slots: channel.config().max_grants,
         control_credits: channel.config().ctrl_credits,
+        ..FabricNames::discovered(channel.provider())
     }
 }
 
