@@ -523,8 +523,13 @@ impl Tuner {
     /// Blocks per channel the measured bandwidth-delay product needs, and whether the
     /// memory budget held it below that.
     pub fn depth_needed(&self) -> Option<(u64, bool)> {
+        self.depth_needed_by(self.current.streams)
+    }
+
+    /// As [`Tuner::depth_needed`], over `streams` streams.
+    fn depth_needed_by(&self, streams: u16) -> Option<(u64, bool)> {
         let bdp = self.measured_bdp()?;
-        let per_stream = u64::from(self.current.streams.max(1)) * u64::from(self.cfg.block_size);
+        let per_stream = u64::from(streams.max(1)) * u64::from(self.cfg.block_size);
         let needed = bdp.div_ceil(per_stream).max(1);
         Some((needed, needed > u64::from(self.cfg.max_depth)))
     }
@@ -816,11 +821,16 @@ impl Tuner {
                     self.startup = false;
                     self.tried_down = dir == Dir::Down;
                     let step = if dir == Dir::Down { shed_step(n) } else { 1 };
-                    if !self.probe(now, dir, step, Reason::PathChanged(moved.abs())) {
-                        let other = if dir == Dir::Up { Dir::Down } else { Dir::Up };
-                        if !self.probe(now, other, 1, Reason::PathChanged(moved.abs())) {
-                            self.phase = Phase::Hold { epochs: 0 };
-                        }
+                    // Less goodput at its fewest streams is not a reason to add one:
+                    // the path slowed or others now share it, and a new stream's slow
+                    // start only overruns a queue already overflowing (through the
+                    // emulator, (f)'s drop to a quarter met at 2 streams went to 3).
+                    // The held count's probes try one more in their turn.
+                    if !self.probe(now, dir, step, Reason::PathChanged(moved.abs()))
+                        && (dir == Dir::Down
+                            || !self.probe(now, Dir::Down, 1, Reason::PathChanged(moved.abs())))
+                    {
+                        self.phase = Phase::Hold { epochs: 0 };
                     }
                     return;
                 }
@@ -1133,7 +1143,7 @@ impl Tuner {
     }
 
     fn update_depth(&mut self, now: Duration) {
-        let depth = self.depth();
+        let depth = self.depth(self.current.streams);
         if depth != self.current.depth {
             let why = if self.cfg.fixed_streams {
                 Reason::Fixed
@@ -1145,8 +1155,11 @@ impl Tuner {
         }
     }
 
-    fn depth(&self) -> u16 {
-        match self.depth_needed() {
+    /// Blocks per channel for `streams` streams (the count a decision is about to set,
+    /// not the one it leaves: judged on the old count, a step down from 3 streams to 2
+    /// on a 12.5 MB product said 1 block each, and a second decision corrected it).
+    fn depth(&self, streams: u16) -> u16 {
+        match self.depth_needed_by(streams) {
             Some((needed, _)) => needed.min(u64::from(self.cfg.max_depth)) as u16,
             None => self.current.depth,
         }
@@ -1167,7 +1180,7 @@ impl Tuner {
         let decision = Decision {
             at: now,
             streams,
-            depth: self.depth(),
+            depth: self.depth(streams),
             pacing_bits_per_s,
             reason,
         };

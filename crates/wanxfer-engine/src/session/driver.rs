@@ -376,9 +376,10 @@ impl Driver {
         let tcp = self.setup.transport.kind() == wanxfer_proto::TransportKind::Tcp;
         let channels = self.links.iter().filter_map(|(index, slot)| {
             let socket = slot.closer.as_ref()?.socket()?;
-            (tcp && !slot.retiring).then_some(Sampled {
+            tcp.then_some(Sampled {
                 index: *index,
                 socket,
+                retiring: slot.retiring,
             })
         });
         let streams = self

@@ -99,8 +99,9 @@ pub struct ChannelReport {
     pub retransmits: u64,
     pub delivery_bits_per_s: u64,
     pub pacing_bits_per_s: u64,
-    /// `up` at the end of the session, `closed` with it, `retired` by the tuner, or
-    /// `lost` (failed while the session ran).
+    /// `up` at the end of the session, `closed` with it, `retiring` (the tuner let it go
+    /// and it is sending what it had taken), `retired` once gone, or `lost` (failed while
+    /// the session ran).
     pub state: &'static str,
 }
 
@@ -111,6 +112,13 @@ struct Channel {
     last: Instant,
     info: TcpInfo,
     state: &'static str,
+}
+
+impl Channel {
+    /// Its socket is still open and sampled.
+    fn live(&self) -> bool {
+        matches!(self.state, "up" | "retiring")
+    }
 }
 
 /// The session's measurements and its tuner.
@@ -141,6 +149,9 @@ pub struct Steer {
 pub struct Sampled<'a> {
     pub index: u16,
     pub socket: &'a TcpStream,
+    /// Retired by the tuner and still sending what it had taken: its bytes and losses
+    /// are the session's, but it is not one of the streams the tuner is measuring.
+    pub retiring: bool,
 }
 
 /// What the session counted itself, beside what its sockets say.
@@ -202,8 +213,14 @@ impl Steer {
         Some((total / 8 / streams.max(1) as u64).max(1))
     }
 
-    /// Samples the control connection and `channels` (those up and not retiring), feeds
-    /// the tuner, and returns its decisions.
+    /// Samples the control connection and `channels` (those up, retiring ones included),
+    /// feeds the tuner, and returns its decisions.
+    ///
+    /// Why retiring channels are sampled: a retired TCP stream still delivers what its
+    /// socket held (up to its unsent limit, and its window in flight), at its share of
+    /// the path. Left out, those bytes never counted: each retirement showed as a dip in
+    /// goodput the path did not have, in progress lines and in the reading that judged
+    /// the count the tuner had just chosen.
     pub fn sample<'a>(
         &mut self,
         now: Instant,
@@ -225,14 +242,16 @@ impl Steer {
             let Ok(info) = tcp_info::sample(c.socket) else {
                 continue;
             };
-            streams += 1;
             segments += info.segments_out;
             retransmits += info.total_retransmits;
-            if self.sending && !info.rtt.is_zero() {
-                rtt_sum += info.rtt;
-                rtt_count += 1;
-            }
             self.note_min_rtt(info.min_rtt);
+            if !c.retiring {
+                streams += 1;
+                if self.sending && !info.rtt.is_zero() {
+                    rtt_sum += info.rtt;
+                    rtt_count += 1;
+                }
+            }
             let moved = self.moved(&info);
             let entry = self.channels.entry(c.index).or_insert(Channel {
                 first: now,
@@ -243,13 +262,16 @@ impl Steer {
             });
             entry.last = now;
             entry.info = info;
+            if c.retiring && entry.state == "up" {
+                entry.state = "retiring";
+            }
         }
         while self.channels.len() > REPORTED_CHANNELS {
             // The oldest ended channel goes first.
             let Some(index) = self
                 .channels
                 .iter()
-                .find(|(_, c)| c.state != "up")
+                .find(|(_, c)| !c.live())
                 .map(|(i, _)| *i)
             else {
                 break;
@@ -320,7 +342,7 @@ impl Steer {
     /// its counters stay in the session's sums.
     pub fn ended(&mut self, index: u16, state: &'static str) {
         if let Some(c) = self.channels.get_mut(&index) {
-            if c.state == "up" {
+            if c.live() {
                 c.state = state;
                 if self.sending {
                     self.ended_segments += c.info.segments_out;
@@ -482,5 +504,91 @@ mod tests {
             Some(window * u64::from(report.peak_streams))
         );
         assert!(report.channels.is_empty(), "no socket was sampled");
+    }
+
+    fn sampled(senders: &[TcpStream], retiring: bool) -> Vec<Sampled<'_>> {
+        vec![
+            Sampled {
+                index: 0,
+                socket: &senders[0],
+                retiring: false,
+            },
+            Sampled {
+                index: 1,
+                socket: &senders[1],
+                retiring,
+            },
+        ]
+    }
+
+    /// Writes 1 MiB on `sender` and reads it all on `peer`.
+    fn move_chunk(sender: &mut TcpStream, peer: &mut TcpStream) {
+        use std::io::{Read, Write};
+        let mut chunk = vec![7u8; 1 << 20];
+        sender.write_all(&chunk).unwrap();
+        peer.read_exact(&mut chunk).unwrap();
+    }
+
+    /// Waits (bounded) until the peer has acknowledged everything `socket` sent.
+    fn acknowledged(socket: &TcpStream, sent: u64) {
+        for _ in 0..5000 {
+            // `bytes_acked` counts the SYN as well.
+            if tcp_info::sample(socket).unwrap().bytes_acked > sent {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("loopback did not acknowledge {sent} bytes in 5 s");
+    }
+
+    /// A retired stream keeps sending what its socket held. Those bytes were left out of
+    /// what the session delivered (the driver stopped sampling a channel once it
+    /// retired), which showed every retirement as a dip the path did not have.
+    #[test]
+    fn a_retiring_channel_still_counts_what_it_delivers() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let control = TcpStream::connect(addr).unwrap();
+        let _control_peer = listener.accept().unwrap();
+        let mut senders = Vec::new();
+        let mut peers = Vec::new();
+        for _ in 0..2 {
+            senders.push(TcpStream::connect(addr).unwrap());
+            peers.push(listener.accept().unwrap().0);
+        }
+        let mut steer = Steer::new(config(), true, None);
+        let start = Instant::now();
+        move_chunk(&mut senders[0], &mut peers[0]);
+        move_chunk(&mut senders[1], &mut peers[1]);
+        acknowledged(&senders[0], 1 << 20);
+        acknowledged(&senders[1], 1 << 20);
+        let counted = Counted::default();
+        let _ = steer.sample(
+            start,
+            counted,
+            &control,
+            sampled(&senders, false).into_iter(),
+        );
+        let before = steer.delivered().unwrap();
+        assert!(before >= 2 << 20, "{before}");
+
+        // Channel 1 is retired, and sends what it had taken.
+        move_chunk(&mut senders[1], &mut peers[1]);
+        acknowledged(&senders[1], 2 << 20);
+        let now = start + SAMPLE_EVERY;
+        let _ = steer.sample(now, counted, &control, sampled(&senders, true).into_iter());
+        let after = steer.delivered().unwrap();
+        assert!(after >= before + (1 << 20), "{before} then {after}");
+        let states: Vec<_> = steer.report().channels.iter().map(|c| c.state).collect();
+        assert_eq!(states, ["up", "retiring"]);
+        assert_eq!(steer.report().peak_streams, 2);
+
+        // Gone: what it delivered stays in the session's sum.
+        steer.ended(1, "retired");
+        let one = sampled(&senders, false).into_iter().take(1);
+        let _ = steer.sample(now + SAMPLE_EVERY, counted, &control, one);
+        assert!(steer.delivered().unwrap() >= after);
+        let states: Vec<_> = steer.report().channels.iter().map(|c| c.state).collect();
+        assert_eq!(states, ["up", "retired"]);
     }
 }

@@ -96,6 +96,8 @@ pub struct TcpInfo {
     /// The kernel's latest delivery-rate sample and its pacing rate, bytes per second.
     pub delivery_rate: u64,
     pub pacing_rate: u64,
+    /// Bytes written and not yet sent (0 where the kernel does not say).
+    pub unsent_bytes: u32,
 }
 
 /// Reads `TCP_INFO` of `socket`.
@@ -169,6 +171,14 @@ pub fn sample(socket: &impl AsRawFd) -> std::io::Result<TcpInfo> {
         } else {
             0
         },
+        unsent_bytes: if has(offset_of_end(
+            std::mem::offset_of!(RawTcpInfo, notsent_bytes),
+            4,
+        )) {
+            raw.notsent_bytes
+        } else {
+            0
+        },
     })
 }
 
@@ -178,32 +188,41 @@ pub fn sample(socket: &impl AsRawFd) -> std::io::Result<TcpInfo> {
 pub fn set_max_pacing_rate(socket: &impl AsRawFd, bytes_per_s: Option<u64>) -> std::io::Result<()> {
     // ~0 is the kernel's "unlimited".
     let value: u64 = bytes_per_s.map_or(u64::MAX, |r| r.max(1));
-    // SAFETY: a u64 option value of its own size.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_MAX_PACING_RATE,
-            (&value as *const u64).cast(),
-            std::mem::size_of::<u64>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    set_option(socket, libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE, &value)
 }
 
 /// Sets `socket`'s congestion control algorithm by name (`cubic`, `bbr`, ...).
 pub fn set_congestion(socket: &impl AsRawFd, name: &str) -> std::io::Result<()> {
-    // SAFETY: the name's bytes, of their own length; the kernel copies them.
+    set_option(
+        socket,
+        libc::IPPROTO_TCP,
+        libc::TCP_CONGESTION,
+        name.as_bytes(),
+    )
+}
+
+/// Bounds the bytes `socket` keeps queued and not yet sent (`TCP_NOTSENT_LOWAT`): a
+/// write waits while that many are, and the writer wakes when half of them left.
+pub fn set_unsent_limit(socket: &impl AsRawFd, bytes: u32) -> std::io::Result<()> {
+    let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    set_option(socket, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, &value)
+}
+
+/// One `setsockopt` with `value`'s bytes, of their own length (the kernel copies them).
+fn set_option<T: ?Sized>(
+    socket: &impl AsRawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &T,
+) -> std::io::Result<()> {
+    // SAFETY: a pointer to `value` and its exact size; the kernel only reads them.
     let rc = unsafe {
         libc::setsockopt(
             socket.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            name.as_ptr().cast(),
-            name.len() as libc::socklen_t,
+            level,
+            name,
+            (value as *const T).cast(),
+            std::mem::size_of_val(value) as libc::socklen_t,
         )
     };
     if rc != 0 {
@@ -311,5 +330,39 @@ mod tests {
         let err = check_congestion("no-such-cc").unwrap_err();
         assert!(err.contains("no-such-cc"), "{err}");
         assert!(check_congestion("reno").is_ok() || !available_congestion().is_empty());
+    }
+
+    /// A socket whose peer reads nothing takes writes until its unsent bytes reach the
+    /// limit, where without one it takes what its send buffer holds.
+    #[test]
+    fn the_unsent_limit_bounds_what_a_socket_takes() {
+        let held = |limit: Option<u32>| {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (_server, _) = listener.accept().unwrap();
+            socket2::SockRef::from(&client)
+                .set_send_buffer_size(8 << 20)
+                .unwrap();
+            if let Some(limit) = limit {
+                set_unsent_limit(&client, limit).unwrap();
+            }
+            client.set_nonblocking(true).unwrap();
+            let chunk = vec![1u8; 64 << 10];
+            let mut written = 0usize;
+            loop {
+                match client.write(&chunk) {
+                    Ok(n) => written += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("{e}"),
+                }
+                assert!(written < 64 << 20, "the socket took everything");
+            }
+            sample(&client).unwrap().unsent_bytes
+        };
+        let limited = held(Some(1 << 20));
+        let unlimited = held(None);
+        assert!(limited >= 1 << 19, "{limited}");
+        assert!(limited <= (1 << 20) + (128 << 10), "{limited}");
+        assert!(unlimited >= 4 << 20, "{unlimited}");
     }
 }

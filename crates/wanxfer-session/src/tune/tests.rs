@@ -1100,3 +1100,74 @@ fn two_transfers_share_a_shallow_noisy_queue() {
     };
     assert_shared_fairly(config(2), 0..48, (11, 110), noise, path, 0.625, 0.245);
 }
+
+/// Each decision's depth is for the streams it sets: judged on the count it left, a step
+/// down said too few blocks per channel for the measured product until a second decision
+/// corrected it.
+#[test]
+fn each_decision_sizes_depth_for_its_own_streams() {
+    let mut t = [Transfer::new(config(4), Duration::ZERO)];
+    // Full at any count: fewer streams score better, down to one.
+    let path = Path::window_limited(2.0 * G, 2.0 * G);
+    run(&mut t, |_| path, secs(30), 0.0, 3);
+    let bdp = t[0].tuner.measured_bdp().unwrap();
+    let block = u64::from(config(4).block_size);
+    let history: Vec<Decision> = t[0].tuner.history().copied().collect();
+    assert!(
+        history.iter().any(|d| d.streams < 4),
+        "the path needs fewer than 4: {history:?}"
+    );
+    for d in history.iter().skip(1) {
+        assert!(
+            u64::from(d.depth) * u64::from(d.streams) * block >= bdp,
+            "{d:?} does not cover {bdp} bytes: {history:?}"
+        );
+    }
+}
+
+/// Less goodput at the fewest streams the session may run is no reason to add one: the
+/// path slowed, and a new stream's slow start would only overrun its queue.
+#[test]
+fn a_drop_met_at_the_fewest_streams_adds_none() {
+    let mut t = [Transfer::new(tuned_tcp(11), Duration::ZERO)];
+    let rate = |now: Duration| {
+        if now >= secs(15) {
+            500.0 * M
+        } else {
+            2.0 * G
+        }
+    };
+    run(
+        &mut t,
+        |now| Path::window_limited(rate(now), 2.0 * G),
+        secs(25),
+        0.02,
+        11,
+    );
+    let history: Vec<Decision> = t[0].tuner.history().copied().collect();
+    let at_drop = history
+        .iter()
+        .rev()
+        .find(|d| d.at < secs(15))
+        .map(|d| d.streams)
+        .unwrap();
+    assert_eq!(
+        at_drop, 2,
+        "full at any count: down to the minimum; {history:?}"
+    );
+    let noticed = history
+        .iter()
+        .find(|d| d.at >= secs(15) && matches!(d.reason, Reason::PathChanged(_)));
+    assert!(
+        noticed.is_none(),
+        "nothing to change at 2 streams: {history:?}"
+    );
+    assert!(
+        history
+            .iter()
+            .filter(|d| d.at >= secs(15) && d.at < secs(15) + secs(5))
+            .all(|d| d.streams <= 2),
+        "{}",
+        t[0].story()
+    );
+}
