@@ -266,6 +266,10 @@ pub enum Reason {
     Better,
     /// The probed count scored no better: back to the best.
     NoBetter,
+    /// The probed count was judged (kept if `true`), and the next probe starts from the
+    /// best count: another step, smaller or the other way. Not "back to the best", which
+    /// its count is not.
+    Onward(bool),
     /// Goodput at an unchanged count moved this much (a fraction): the path changed.
     PathChanged(f64),
     /// Loss above [`LOSS_BACKOFF`] (the fraction seen): streams shed.
@@ -293,6 +297,10 @@ impl fmt::Display for Reason {
             Reason::Probe => write!(f, "probing"),
             Reason::Better => write!(f, "utility improved: kept"),
             Reason::NoBetter => write!(f, "utility did not improve: back to the best"),
+            Reason::Onward(true) => write!(f, "utility improved: kept, probing on from it"),
+            Reason::Onward(false) => {
+                write!(f, "utility did not improve: probing on from the best")
+            }
             Reason::PathChanged(by) => {
                 write!(
                     f,
@@ -767,7 +775,7 @@ impl Tuner {
                     }
                     Dir::Down => self.lower_bad = Some(n),
                 }
-                if step > 1 && self.probe(now, dir, 1, Reason::NoBetter) {
+                if step > 1 && self.probe(now, dir, 1, Reason::Onward(false)) {
                     // A smaller step in the same direction, between the best and the
                     // count just found worse.
                     return;
@@ -1129,6 +1137,12 @@ impl Tuner {
     /// After `dir` is exhausted: down once, if not tried yet in this round, else hold.
     fn next_direction(&mut self, now: Duration, dir: Dir, r: Reading, why: Reason) {
         let from = self.best.map_or(self.current.streams, |b| b.streams);
+        // A probe from here sets another count than the best: say so.
+        let onward = match why {
+            Reason::Better => Reason::Onward(true),
+            Reason::NoBetter => Reason::Onward(false),
+            other => other,
+        };
         if dir == Dir::Down
             && std::mem::take(&mut self.up_pending)
             && from >= self.cfg.start_streams
@@ -1136,14 +1150,14 @@ impl Tuner {
             // Fewer did not win: now whether more do, doubling while nothing says the
             // path is full. Wherever that ends, fewer than it is a new question.
             let step = if self.startup { from } else { 1 };
-            if self.probe(now, Dir::Up, step, why) {
+            if self.probe(now, Dir::Up, step, onward) {
                 self.tried_down = false;
                 return;
             }
         }
         if dir == Dir::Up && !self.tried_down {
             self.tried_down = true;
-            if self.probe(now, Dir::Down, shed_step(from), why) {
+            if self.probe(now, Dir::Down, shed_step(from), onward) {
                 return;
             }
         }

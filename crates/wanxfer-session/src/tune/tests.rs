@@ -1201,3 +1201,28 @@ fn a_drop_met_at_the_fewest_streams_adds_none() {
         t[0].story()
     );
 }
+
+/// A decision that says "back to the best" sets a count already measured: a probe that
+/// lost and turned the other way (4 streams, 3 no better, then 8) says it probes on.
+#[test]
+fn back_to_the_best_means_a_count_already_tried() {
+    let mut t = [Transfer::new(tuned_tcp(5), Duration::ZERO)];
+    // Each stream at most 250 Mbit/s: 3 streams do worse than 4, and more do better.
+    let path = Path::window_limited(2.0 * G, 250.0 * M);
+    run(&mut t, |_| path, secs(30), 0.02, 5);
+    let history: Vec<Decision> = t[0].tuner.history().copied().collect();
+    assert!(
+        history.iter().any(|d| d.reason == Reason::Onward(false)),
+        "{}",
+        t[0].story()
+    );
+    for (i, d) in history.iter().enumerate() {
+        if d.reason == Reason::NoBetter {
+            assert!(
+                history[..i].iter().any(|e| e.streams == d.streams),
+                "{d:?} is no count tried before: {}",
+                t[0].story()
+            );
+        }
+    }
+}
