@@ -951,8 +951,8 @@ impl Tuner {
     /// shares of 0.27-0.73: with two BBR flows each, how the flows split the path is
     /// the flows' own, and it no longer averages out. Held near 4 each, most runs ended
     /// within 20% of an equal share, and the misses were a transfer whose noisy readings
-    /// (±50% through that buffer) passed the 90% test at 5 and 6 streams. Issue 19's
-    /// note has the runs.
+    /// (±50% through that buffer) passed the 90% test at 5 and 6 streams. Every run of
+    /// each variant: `bench/runs/fairness-2026-11-25-conventions.md`.
     ///
     /// Why only with the round trip near its lowest: a deep queue's overflow (path (f)
     /// after its drop, (b) shared) shows its delay first, and there the counts were not

@@ -1160,13 +1160,7 @@ fn each_decision_sizes_depth_for_its_own_streams() {
 #[test]
 fn a_drop_met_at_the_fewest_streams_adds_none() {
     let mut t = [Transfer::new(tuned_tcp(11), Duration::ZERO)];
-    let rate = |now: Duration| {
-        if now >= secs(15) {
-            500.0 * M
-        } else {
-            2.0 * G
-        }
-    };
+    let rate = |now| if now >= secs(15) { 500.0 * M } else { 2.0 * G };
     run(
         &mut t,
         |now| Path::window_limited(rate(now), 2.0 * G),
