@@ -412,6 +412,8 @@ impl Copy<'_> {
             flags: 0,
             // gfal2's copy parameters name no owners or attributes to keep.
             preserve: 0,
+            // A gfal2 copy is of one URL, whole.
+            selection: wanxfer_proto::Selection::default(),
         };
         let progress = Progress::default();
         let started = Instant::now();

@@ -131,6 +131,13 @@ pub mod features {
     /// does not know the mark refuses it as an unknown metadata field.
     pub const LINK_TARGETS: u64 = 1 << 15;
 
+    /// A [`crate::tpc::PushTo`] may carry a [`crate::Selection`] (include/exclude rules,
+    /// a list of paths) that the source applies as it walks its tree, as a pushing client
+    /// applies its own. Apart from [`SELECT`] for the reason [`THIRD_PARTY_PRESERVE`] is
+    /// apart from [`PRESERVE`]: a server without it refuses the new field as trailing
+    /// bytes.
+    pub const THIRD_PARTY_SELECT: u64 = 1 << 16;
+
     /// What this build implements.
     pub const SUPPORTED: u64 = BLOCK_CRC32C
         | FILE_XXH3_128
@@ -143,7 +150,8 @@ pub mod features {
         | PIPELINE
         | SESSION_STATUS
         | THIRD_PARTY_PRESERVE
-        | LINK_TARGETS;
+        | LINK_TARGETS
+        | THIRD_PARTY_SELECT;
 
     /// The features a session between these two sides uses.
     pub const fn negotiate(ours: u64, theirs: u64) -> u64 {

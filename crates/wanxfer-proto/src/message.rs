@@ -1079,7 +1079,7 @@ fn encode_open(o: &OpenSession, e: &mut Encoder) {
     }
 }
 
-fn encode_selection(s: &Selection, e: &mut Encoder) {
+pub(crate) fn encode_selection(s: &Selection, e: &mut Encoder) {
     e.u32(s.rules.len() as u32);
     for rule in &s.rules {
         e.u8(u8::from(rule.include));
@@ -1095,7 +1095,7 @@ fn encode_selection(s: &Selection, e: &mut Encoder) {
     }
 }
 
-fn decode_selection(d: &mut Decoder) -> Result<Selection, DecodeError> {
+pub(crate) fn decode_selection(d: &mut Decoder) -> Result<Selection, DecodeError> {
     let n = d.count("selection rules", MAX_SELECT_RULES, 5)?;
     let mut rules = Vec::with_capacity(n);
     for _ in 0..n {

@@ -29,8 +29,11 @@
 //! bounded.
 
 use crate::codec::{Decoder, Encoder};
-use crate::message::{decode_class, decode_path, encode_class, FailureClass, MAX_MESSAGE_BYTES};
-use crate::{session_flags, Compare, DecodeError, RelPath};
+use crate::message::{
+    decode_class, decode_path, decode_selection, encode_class, encode_selection, FailureClass,
+    MAX_MESSAGE_BYTES,
+};
+use crate::{session_flags, Compare, DecodeError, RelPath, Selection};
 
 /// Longest `HOST:PORT` a [`PushTo`] may name: a DNS name (253) in brackets, a colon and
 /// five digits.
@@ -107,6 +110,10 @@ pub struct PushTo {
     pub flags: u32,
     /// The `PRESERVE_*` [`session_flags`] to ask of the destination, as the grant allows.
     pub preserve: u32,
+    /// What of the sources to send (`--exclude`, `--include`, `--files-from`), applied by
+    /// the source as it walks; empty sends everything. Only to a server that offered
+    /// [`crate::features::THIRD_PARTY_SELECT`].
+    pub selection: Selection,
 }
 
 impl std::fmt::Debug for PushTo {
@@ -117,6 +124,7 @@ impl std::fmt::Debug for PushTo {
             .field("dest", &self.dest)
             .field("into", &self.into)
             .field("grant", &self.grant)
+            .field("selection", &self.selection)
             .finish_non_exhaustive()
     }
 }
@@ -258,7 +266,38 @@ pub(crate) fn encode_push(p: &PushTo, e: &mut Encoder) {
     e.u16(p.depth);
     e.u8(encode_compare(p.compare));
     e.u32(p.flags);
-    encode_preserve(p.preserve, e);
+    // A selection follows the preserve flags, which it then needs written even when
+    // they are 0; without one, a request is what it was before selections travelled.
+    if p.selection.is_empty() {
+        encode_preserve(p.preserve, e);
+    } else {
+        e.u32(p.preserve);
+        encode_selection(&p.selection, e);
+    }
+}
+
+/// The preserve flags and the selection that end a [`PushTo`]: each written only when
+/// there is something in it (the flags also when a selection follows them).
+fn decode_push_tail(d: &mut Decoder) -> Result<(u32, Selection), DecodeError> {
+    if d.remaining() == 0 {
+        return Ok((0, Selection::default()));
+    }
+    let preserve = d.u32()?;
+    if preserve & !session_flags::PRESERVE_ALL != 0 {
+        return Err(DecodeError::Unknown {
+            what: "preserve flags",
+            value: preserve.into(),
+        });
+    }
+    if d.remaining() == 0 {
+        if preserve == 0 {
+            return Err(DecodeError::Invalid(
+                "preserve flags are left out, not written as 0",
+            ));
+        }
+        return Ok((preserve, Selection::default()));
+    }
+    Ok((preserve, decode_selection(d)?))
 }
 
 pub(crate) fn decode_push(d: &mut Decoder) -> Result<PushTo, DecodeError> {
@@ -299,7 +338,14 @@ pub(crate) fn decode_push(d: &mut Decoder) -> Result<PushTo, DecodeError> {
         depth: d.u16()?,
         compare: decode_compare(d.u8()?)?,
         flags: d.u32()?,
-        preserve: decode_preserve(d)?,
+        preserve: 0,
+        selection: Selection::default(),
+    };
+    let (preserve, selection) = decode_push_tail(d)?;
+    let push = PushTo {
+        preserve,
+        selection,
+        ..push
     };
     if push.flags & !push_flags::ALL != 0 {
         return Err(DecodeError::Unknown {
@@ -469,6 +515,7 @@ mod tests {
             compare: Compare::Checksum,
             flags: push_flags::NO_RESUME,
             preserve: 0,
+            selection: Selection::default(),
         }
     }
 
@@ -621,6 +668,62 @@ mod tests {
         assert!(matches!(
             refused(Message::OpReply(OpReply::TransferDone(many))),
             DecodeError::TooLong { .. }
+        ));
+    }
+
+    fn selection() -> Selection {
+        Selection {
+            rules: vec![crate::SelectRule {
+                include: false,
+                pattern: b"*.tmp".to_vec(),
+            }],
+            files: Some(vec![rel("a/b/keep")]),
+        }
+    }
+
+    /// `cp --exclude/--include/--files-from` between two servers: the selection follows
+    /// the preserve flags, written as 0 when there are none; a push without one is byte
+    /// for byte what a server without [`crate::features::THIRD_PARTY_SELECT`] reads.
+    #[test]
+    fn a_selection_rides_behind_the_preserve_flags() {
+        for preserve in [0, session_flags::PRESERVE_OWNER] {
+            let mut p = push();
+            p.preserve = preserve;
+            p.selection = selection();
+            round_trip(Message::OpRequest(OpRequest::PushTo(p.clone())));
+            p.selection = Selection::default();
+            let without = encoded(&Message::OpRequest(OpRequest::PushTo(p.clone())));
+            p.selection = selection();
+            let with = encoded(&Message::OpRequest(OpRequest::PushTo(p)));
+            let flags = if preserve == 0 { 4 } else { 0 };
+            assert!(with.len() > without.len() + flags, "{preserve}");
+        }
+        // An empty selection written out after the flags is refused: one encoding.
+        let frame = encoded(&Message::OpRequest(OpRequest::PushTo(push())));
+        let mut body = frame[crate::FrameHeader::LEN..].to_vec();
+        body.extend_from_slice(&[0; 4]);
+        body.extend_from_slice(&[0, 0, 0, 0, 0]);
+        assert!(matches!(
+            Message::decode(frame[0], &body),
+            Err(DecodeError::Invalid(_))
+        ));
+        // A pattern past its limit, and a truncated list, are refused too.
+        let mut p = push();
+        p.selection.rules = vec![crate::SelectRule {
+            include: true,
+            pattern: vec![b'x'; crate::MAX_PATTERN_BYTES + 1],
+        }];
+        assert!(matches!(
+            refused(Message::OpRequest(OpRequest::PushTo(p))),
+            DecodeError::TooLong { .. }
+        ));
+        let mut p = push();
+        p.selection = selection();
+        let frame = encoded(&Message::OpRequest(OpRequest::PushTo(p)));
+        let body = &frame[crate::FrameHeader::LEN..frame.len() - 2];
+        assert!(matches!(
+            Message::decode(frame[0], body),
+            Err(DecodeError::Truncated { .. })
         ));
     }
 

@@ -142,6 +142,34 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             }),
         ),
         (
+            "op-push-selected",
+            Message::OpRequest(OpRequest::PushTo(wanxfer_proto::tpc::PushTo {
+                sources: vec![path("run41")],
+                server: b"dtn2:7800".to_vec(),
+                fingerprint: [9; 32],
+                dest: path("archive"),
+                into: true,
+                grant: wanxfer_proto::tpc::Granted {
+                    id: [1; 16],
+                    secret: [2; 32],
+                    ttl_s: 600,
+                },
+                streams: 4,
+                block_size: 4 << 20,
+                depth: 4,
+                compare: wanxfer_proto::Compare::QuickCheck,
+                flags: 0,
+                preserve: 0,
+                selection: wanxfer_proto::Selection {
+                    rules: vec![wanxfer_proto::SelectRule {
+                        include: false,
+                        pattern: b"*.tmp".to_vec(),
+                    }],
+                    files: Some(vec![path("raw")]),
+                },
+            })),
+        ),
+        (
             "op-page",
             Message::OpReply(OpReply::List(ListPage {
                 entries: vec![

@@ -841,7 +841,8 @@ pub struct Request {
 /// A validated copy between two servers.
 pub struct ThirdPartyRequest {
     /// How to reach each server, with its own credential (and, in both, what
-    /// --preserve asks to keep).
+    /// --preserve asks to keep; in the source's, the selection; in the destination's,
+    /// whether --parents creates the directories above it).
     pub source: ClientConfig,
     pub dest: ClientConfig,
     pub sources: Vec<RelPath>,
@@ -982,13 +983,6 @@ impl CpArgs {
                 "--bytes measures a path with synthetic data: not between two servers".into(),
             ));
         }
-        if !self.rules.is_empty() || self.files_from.is_some() || self.dry_run || self.parents {
-            return Err(Error::Usage(
-                "--exclude, --include, --files-from, --dry-run and --parents are not (yet) \
-                 supported between two servers: copy the selection in its own commands"
-                    .into(),
-            ));
-        }
         if self.transport.transport() != wanxfer_engine::session::Transport::Tcp {
             return Err(Error::Usage(
                 "a copy between two servers runs over TCP: the servers choose no fabric".into(),
@@ -1057,9 +1051,14 @@ impl CpArgs {
             config.preserve = self.preserve();
             config
         };
+        let mut source = config(&source_server, source_credential);
+        // The source walks its tree with the selection, as a pushing client would.
+        source.selection = self.selection()?;
+        let mut dest_config = config(&dest_server, dest_credential);
+        dest_config.make_parents = self.parents;
         Ok(Some(ThirdPartyRequest {
-            source: config(&source_server, source_credential),
-            dest: config(&dest_server, dest_credential),
+            source,
+            dest: dest_config,
             sources,
             dest_path: dest,
             into: ends_with_slash(self.paths.last().expect("clap requires two paths")),

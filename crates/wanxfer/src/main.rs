@@ -20,7 +20,7 @@ use std::sync::Arc;
 use wanxfer_engine::auth::Grant;
 use wanxfer_engine::pool::Cancel;
 use wanxfer_engine::progress::Progress;
-use wanxfer_engine::session::{run_client, Server};
+use wanxfer_engine::session::{run_client, ClientJob, PullDest, Server};
 use wanxfer_engine::{Error, ErrorClass};
 
 use args::{Cli, Command, CpArgs, LogFormat, ServeArgs};
@@ -351,6 +351,15 @@ fn start_progress_json(
 
 /// `cp` between two servers: the same progress, report, JSON and exit codes as `cp`.
 fn third_party_cp(args: &CpArgs, request: &args::ThirdPartyRequest) -> Result<(), Error> {
+    if args.dry_run {
+        // What the source would walk: its listing, as a pull's dry run takes it.
+        let listing = ClientJob::Pull {
+            sources: request.sources.clone(),
+            synthetic_bytes: None,
+            dest: PullDest::Discard,
+        };
+        return output::print_dry_run(&request.source, &listing, args.json);
+    }
     let cancel = on_signal();
     let progress = Arc::new(Progress::default());
     let lines = start_progress_json(args, &progress)?;

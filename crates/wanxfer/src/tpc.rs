@@ -12,6 +12,11 @@
 //! can ask the destination for no more than this client did, and what the destination
 //! could not keep comes back in the summary as the notes a push would show.
 //!
+//! `--exclude`, `--include` and `--files-from` travel to the source, which walks its
+//! tree with them; `--parents` creates the directories above the destination on the
+//! destination server (a remote `mkdir -p`, confined there as any) before the grant.
+//! `--dry-run` never gets here: it lists the source as a pull's dry run does.
+//!
 //! What this does not do: retry. The source retries its own connection to the
 //! destination and resumes; if this client's connection to the source fails, the source
 //! stops, and running the same command again resumes the same transfer with a new grant.
@@ -23,7 +28,8 @@ use std::time::Instant;
 use wanxfer_engine::ops::Client;
 use wanxfer_engine::pool::Cancel;
 use wanxfer_engine::progress::{process_cpu, CpuTime, Progress};
-use wanxfer_engine::session::client::{FileFailure, Report};
+use wanxfer_engine::select::Matcher;
+use wanxfer_engine::session::client::{fits_request, remote_parent, FileFailure, Report};
 use wanxfer_engine::session::ThirdPartyReport;
 use wanxfer_engine::{Error, ErrorClass};
 use wanxfer_proto::tpc::{push_flags, PushTo, TransferSummary, MAX_GRANT_TTL_S};
@@ -40,8 +46,15 @@ pub fn run(
     let started = Instant::now();
     let cpu_before = process_cpu();
     let early = |e: Error| (e, Box::<Report>::default());
+    // A selection the source would refuse is refused here, before anything connects.
+    let selection = &req.source.selection;
+    Matcher::new(selection).map_err(early)?;
+    fits_request(selection, "a copy between two servers").map_err(early)?;
     let mut source = Client::connect(&req.source).map_err(early)?;
     let mut dest = Client::connect(&req.dest).map_err(early)?;
+    if let Some(parent) = remote_parent(&req.dest_path).filter(|_| req.dest.make_parents) {
+        dest.mkdir(&parent, true, 0o777).map_err(early)?;
+    }
     let Some(fingerprint) = dest.fingerprint().map(parse_fingerprint) else {
         return Err(early(Error::Usage(
             "a copy between two servers needs TLS to the destination".into(),
@@ -77,6 +90,7 @@ pub fn run(
         compare: tuning.compare,
         flags,
         preserve,
+        selection: selection.clone(),
     };
     let summary = source.push_to(push, |p| {
         if cancel.is_cancelled() {

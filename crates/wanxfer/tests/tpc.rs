@@ -113,6 +113,156 @@ fn either_server_can_be_the_source() {
     );
 }
 
+/// The files (not directories) beneath `dir`, as relative paths, sorted.
+fn files_under(dir: &std::path::Path) -> Vec<String> {
+    fn walk(base: &std::path::Path, dir: &std::path::Path, out: &mut Vec<String>) {
+        for entry in fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(base, &path, out);
+            } else {
+                out.push(
+                    path.strip_prefix(base)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned(),
+                );
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// `--exclude`, `--include` and `--files-from` between two servers: the source walks
+/// with them as a pushing client would (each file that arrives is the source's, byte
+/// for byte); `--parents` makes the directories above the destination on its server;
+/// a selection the request could not carry and a bad pattern are usage errors before
+/// anything connects; `--dry-run` lists the source's selected walk and moves nothing.
+#[test]
+fn a_selection_travels_to_the_source_and_parents_are_made_at_the_destination() {
+    let (a, b) = two_sites();
+    let tree = a.root().join("tree");
+    for (seed, rel) in [
+        "a.txt",
+        "b.log",
+        "keep.log",
+        "raw/x.dat",
+        "raw/cache/c.dat",
+        "sub/q.dat",
+    ]
+    .iter()
+    .enumerate()
+    {
+        fs::create_dir_all(tree.join(rel).parent().unwrap()).unwrap();
+        write_pattern(&tree.join(rel), 10_000 + seed as u64 * 777, seed as u64);
+    }
+    let run = cp([
+        "--json".into(),
+        "--include".into(),
+        "keep.log".into(),
+        "--exclude".into(),
+        "*.log".into(),
+        "--exclude".into(),
+        "cache/".into(),
+        a.server.url("tree"),
+        b.server.url("ruled"),
+    ]);
+    let v = run.assert_ok().json();
+    let ruled = b.root().join("ruled");
+    assert_eq!(
+        files_under(&ruled),
+        ["a.txt", "keep.log", "raw/x.dat", "sub/q.dat"],
+        "{v}"
+    );
+    assert_eq!(v["files"], 4, "{v}");
+    for rel in files_under(&ruled) {
+        assert_eq!(
+            fs::read(ruled.join(&rel)).unwrap(),
+            fs::read(tree.join(&rel)).unwrap(),
+            "{rel}"
+        );
+    }
+
+    // A list, with --parents: deep/er does not exist on B yet.
+    let list = a.path("list");
+    fs::write(&list, "a.txt\nraw/\n").unwrap();
+    let without = cp([
+        "--files-from".into(),
+        list.clone().into_os_string(),
+        a.server.url("tree"),
+        b.server.url("deep/er/listed"),
+    ]);
+    assert_ne!(
+        without.code, 0,
+        "no parents made without --parents: {without:#?}"
+    );
+    assert!(!b.root().join("deep").exists());
+    cp([
+        "--parents".into(),
+        "--files-from".into(),
+        list.clone().into_os_string(),
+        a.server.url("tree"),
+        b.server.url("deep/er/listed"),
+    ])
+    .assert_ok();
+    assert_eq!(
+        files_under(&b.root().join("deep/er/listed")),
+        ["a.txt", "raw/cache/c.dat", "raw/x.dat"]
+    );
+
+    // Refused before anything connects: too many rules, a bad pattern, --dry-run.
+    let mut many: Vec<std::ffi::OsString> = Vec::new();
+    for i in 0..=wanxfer_proto::MAX_SELECT_RULES {
+        many.push("--exclude".into());
+        many.push(format!("n{i}").into());
+    }
+    many.push(a.server.url("tree"));
+    many.push(b.server.url("many"));
+    cp(&many)
+        .assert_code(USAGE)
+        .assert_stderr_mentions("a copy between two servers carries at most 1024");
+    cp([
+        "--exclude".into(),
+        "a[".into(),
+        a.server.url("tree"),
+        b.server.url("glob"),
+    ])
+    .assert_code(USAGE);
+    for name in ["many", "glob"] {
+        assert!(!b.root().join(name).exists(), "{name}");
+    }
+
+    // A dry run lists what the source would walk, selected, and moves nothing.
+    let dry = cp([
+        "--dry-run".into(),
+        "--json".into(),
+        "--exclude".into(),
+        "*.log".into(),
+        "--exclude".into(),
+        "raw/".into(),
+        a.server.url("tree"),
+        b.server.url("dry"),
+    ]);
+    let v = dry.assert_ok().json();
+    let mut listed: Vec<String> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap().to_string())
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        ["tree", "tree/a.txt", "tree/sub", "tree/sub/q.dat"],
+        "{v}"
+    );
+    assert_eq!(v["files"], 2, "{v}");
+    assert!(!b.root().join("dry").exists());
+}
+
 #[test]
 fn a_missing_credential_for_either_side_is_refused_before_anything_moves() {
     let (a, b) = two_sites();
@@ -225,6 +375,7 @@ fn push(source: &str, dest_addr: &str, dest: &str, grant: wanxfer_proto::tpc::Gr
         compare: Compare::QuickCheck,
         flags: 0,
         preserve: 0,
+        selection: wanxfer_proto::Selection::default(),
     }
 }
 

@@ -66,7 +66,7 @@ impl Client {
     /// keep what `preserve` (`PRESERVE_*` session flags, 0 for none) names, usable to
     /// start it for `ttl_s` seconds (the server may shorten it).
     pub fn grant(&mut self, path: &RelPath, ttl_s: u32, preserve: u32) -> Result<Granted, Error> {
-        self.third_party(preserve)?;
+        self.third_party(preserve, false)?;
         self.send(OpRequest::Grant(Grant {
             path: path.clone(),
             ttl_s,
@@ -86,7 +86,7 @@ impl Client {
         request: PushTo,
         mut each: impl FnMut(&TransferProgress) -> Result<(), Error>,
     ) -> Result<TransferSummary, Error> {
-        self.third_party(request.preserve)?;
+        self.third_party(request.preserve, !request.selection.is_empty())?;
         self.send(OpRequest::PushTo(request))?;
         loop {
             match self.reply()? {
@@ -97,9 +97,10 @@ impl Client {
         }
     }
 
-    /// Whether the server takes a third-party request, keeping `preserve` (an older
-    /// server would refuse the request's preserve flags as bytes it does not expect).
-    fn third_party(&self, preserve: u32) -> Result<(), Error> {
+    /// Whether the server takes a third-party request, keeping `preserve` and applying a
+    /// selection if the request `selects` (an older server would refuse either as bytes
+    /// it does not expect).
+    fn third_party(&self, preserve: u32, selects: bool) -> Result<(), Error> {
         if self.features & features::THIRD_PARTY == 0 {
             return Err(Error::Usage(format!(
                 "{} does not take third-party copies (an older wanxfer)",
@@ -110,6 +111,13 @@ impl Client {
             return Err(Error::Usage(format!(
                 "{} cannot preserve owners, groups or attributes in a copy between two \
                  servers (--preserve, -a): it runs an older wanxfer",
+                self.control.peer
+            )));
+        }
+        if selects && self.features & features::THIRD_PARTY_SELECT == 0 {
+            return Err(Error::Usage(format!(
+                "{} cannot select what it sends in a copy between two servers (--exclude, \
+                 --include, --files-from): it runs an older wanxfer",
                 self.control.peer
             )));
         }

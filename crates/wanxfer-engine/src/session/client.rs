@@ -1023,11 +1023,9 @@ fn handshake(
 /// the way is.
 pub fn make_parents(cfg: &ClientConfig, job: &ClientJob) -> Result<(), Error> {
     match job {
-        ClientJob::Push { dest, .. } => match dest.split_last() {
-            Some((parent, _)) if !parent.is_root() && dest.as_bytes() != DISCARD_PATH => {
-                crate::ops::Client::connect(cfg)?.mkdir(&parent, true, 0o777)
-            }
-            _ => Ok(()),
+        ClientJob::Push { dest, .. } => match remote_parent(dest) {
+            Some(parent) => crate::ops::Client::connect(cfg)?.mkdir(&parent, true, 0o777),
+            None => Ok(()),
         },
         ClientJob::Pull {
             dest: PullDest::Local { path, .. },
@@ -1041,50 +1039,63 @@ pub fn make_parents(cfg: &ClientConfig, job: &ClientJob) -> Result<(), Error> {
     }
 }
 
+/// The directory `--parents` creates on a server above destination `dest`, if any: a
+/// push's, or a copy between two servers'.
+pub fn remote_parent(dest: &RelPath) -> Option<RelPath> {
+    match dest.split_last() {
+        Some((parent, _)) if !parent.is_root() && dest.as_bytes() != DISCARD_PATH => Some(parent),
+        _ => None,
+    }
+}
+
 /// The selection compiled for this side's walker, once its patterns (and, for a pull,
 /// its size) are known to be acceptable.
 fn check_selection(cfg: &ClientConfig, job: &ClientJob) -> Result<Arc<Matcher>, Error> {
     let matcher = Matcher::new(&cfg.selection)?;
     if let ClientJob::Pull { .. } = job {
-        let rules = cfg.selection.rules.len();
-        if rules > wanxfer_proto::MAX_SELECT_RULES {
-            return Err(Error::Usage(format!(
-                "{rules} --include/--exclude rules: a pull carries at most {}",
-                wanxfer_proto::MAX_SELECT_RULES
-            )));
-        }
-        let paths = cfg.selection.files.as_ref().map_or(0, Vec::len);
-        if paths > wanxfer_proto::MAX_SELECTED_PATHS {
-            return Err(Error::Usage(format!(
-                "--files-from names {paths} paths: a pull carries at most {} (split the list, \
-                 or push from the other side)",
-                wanxfer_proto::MAX_SELECTED_PATHS
-            )));
-        }
-        // The request is one frame: what the selection adds must leave room for the rest
-        // of it (the sources' paths and a few dozen bytes of numbers).
-        let carried: usize = cfg
-            .selection
-            .rules
-            .iter()
-            .map(|r| 5 + r.pattern.len())
-            .sum::<usize>()
-            + cfg
-                .selection
-                .files
-                .iter()
-                .flatten()
-                .map(|p| 4 + p.as_bytes().len())
-                .sum::<usize>();
-        if carried > wanxfer_proto::MAX_FRAME_BODY / 2 {
-            return Err(Error::Usage(format!(
-                "the selection takes {carried} bytes: a pull's request carries at most {} \
-                 (shorten --files-from)",
-                wanxfer_proto::MAX_FRAME_BODY / 2
-            )));
-        }
+        fits_request(&cfg.selection, "a pull")?;
     }
     Ok(Arc::new(matcher))
+}
+
+/// Whether `selection` fits the one frame of a request that carries it to the server
+/// that walks (`carrier`: "a pull", or a copy between two servers): it must leave room
+/// for the rest of the request (its sources' paths and a few dozen bytes of numbers).
+pub fn fits_request(selection: &Selection, carrier: &str) -> Result<(), Error> {
+    let rules = selection.rules.len();
+    if rules > wanxfer_proto::MAX_SELECT_RULES {
+        return Err(Error::Usage(format!(
+            "{rules} --include/--exclude rules: {carrier} carries at most {}",
+            wanxfer_proto::MAX_SELECT_RULES
+        )));
+    }
+    let paths = selection.files.as_ref().map_or(0, Vec::len);
+    if paths > wanxfer_proto::MAX_SELECTED_PATHS {
+        return Err(Error::Usage(format!(
+            "--files-from names {paths} paths: {carrier} carries at most {} (split the list \
+             over several commands)",
+            wanxfer_proto::MAX_SELECTED_PATHS
+        )));
+    }
+    let carried: usize = selection
+        .rules
+        .iter()
+        .map(|r| 5 + r.pattern.len())
+        .sum::<usize>()
+        + selection
+            .files
+            .iter()
+            .flatten()
+            .map(|p| 4 + p.as_bytes().len())
+            .sum::<usize>();
+    if carried > wanxfer_proto::MAX_FRAME_BODY / 2 {
+        return Err(Error::Usage(format!(
+            "the selection takes {carried} bytes: {carrier}'s request carries at most {} \
+             (shorten --files-from)",
+            wanxfer_proto::MAX_FRAME_BODY / 2
+        )));
+    }
+    Ok(())
 }
 
 fn client_features(tuning: &Tuning) -> u64 {

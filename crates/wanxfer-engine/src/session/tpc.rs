@@ -18,6 +18,9 @@
 //! applies what its grant and its own rules allow, and what it could not keep comes
 //! back to the client as the summary's notes.
 //!
+//! `--exclude`, `--include` and `--files-from` ride in the request too, and this side
+//! walks its sources with them exactly as a client pushing the same tree would.
+//!
 //! What this module does not do: read anything outside the served root (sources are
 //! opened beneath it, as a pull's are), or let the client choose where this server
 //! keeps its state.
@@ -123,6 +126,8 @@ pub(crate) fn push(
     cfg.cancel = Cancel::linked(&[&cancel, side.stopping]);
     cfg.connect_timeout = l.handshake_timeout;
     cfg.preserve = Preserve::from_flags(req.preserve);
+    // Applied by this side's walker, as a pushing client applies its own.
+    cfg.selection = req.selection.clone();
     cfg.state_dir = match side.state_dir {
         Some(dir) => dir.join("third-party"),
         None => StateDir::client_default(),
