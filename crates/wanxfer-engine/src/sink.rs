@@ -28,7 +28,8 @@ use std::collections::{HashMap, HashSet};
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use wanxfer_proto::{Compare, Entry, EntryKind, EntryMeta, HeldRange, RelPath, Segment};
 use wanxfer_session::journal::Record;
@@ -243,6 +244,11 @@ pub struct SinkLimits {
     pub preserve: Preserve,
     /// The sender marks the files links may name (see [`Links`]).
     pub marked_links: bool,
+    /// How long a block may wait for the entry it belongs to: in a fresh pull
+    /// (`session_flags::FRESH`) the sender sends data right behind its announcement, on
+    /// another connection, so data may overtake its entry; elsewhere (`None`) data
+    /// ahead of its entry is the peer's error at once.
+    pub entry_wait: Option<Duration>,
 }
 
 impl Default for SinkLimits {
@@ -256,6 +262,7 @@ impl Default for SinkLimits {
             block_size: 4 << 20,
             preserve: Preserve::default(),
             marked_links: false,
+            entry_wait: None,
         }
     }
 }
@@ -272,6 +279,9 @@ pub struct Sink {
     /// Files of more than one block bypass the page cache (see [`WriteMode`]).
     direct: bool,
     slots: Mutex<HashMap<u64, Arc<Slot>>>,
+    /// Signalled (under `slots`) when a file gets its slot or fails: what a block that
+    /// overtook its entry waits for (see [`SinkLimits::entry_wait`]).
+    settled: Condvar,
     failed: Mutex<HashSet<u64>>,
     dirs: Mutex<Vec<DirMeta>>,
     dirs_cache: DirCache,
@@ -340,6 +350,7 @@ impl Sink {
             limits,
             direct,
             slots: Mutex::default(),
+            settled: Condvar::new(),
             failed: Mutex::default(),
             dirs: Mutex::default(),
             dirs_cache: DirCache::default(),
@@ -451,6 +462,11 @@ impl Sink {
         }
         match placed {
             Err(e) if is_fatal(&e) => Err(e),
+            Err(e) => {
+                // Data a fresh pull's sender sent behind the entry is dropped.
+                self.mark_failed(id);
+                Ok(Err(e))
+            }
             placed => Ok(placed),
         }
     }
@@ -816,6 +832,15 @@ impl Sink {
             .lock()
             .expect("no panics while held")
             .insert(id, slot);
+        self.settled.notify_all();
+    }
+
+    /// Marks file `id` failed here: its blocks, sent or still coming, are dropped.
+    fn mark_failed(&self, id: u64) {
+        self.failed.lock().expect("no panics while held").insert(id);
+        // Under the lock a waiting block holds while it looks, so it cannot miss this.
+        let _slots = self.slots.lock().expect("no panics while held");
+        self.settled.notify_all();
     }
 
     /// Drops a pending file (the sender could not read it, or it failed here), removing
@@ -825,7 +850,7 @@ impl Sink {
             // Nothing is queued for the committer when a file fails.
             let _ = self.linkable(links, id, false);
         }
-        self.failed.lock().expect("no panics while held").insert(id);
+        self.mark_failed(id);
         if let Some(slot) = self.slots.lock().expect("no panics while held").remove(&id) {
             let mut state = slot.state.lock().expect("no panics while held");
             state.abandoned = true;
@@ -967,6 +992,7 @@ impl Sink {
         Ok(())
     }
 
+    #[cfg(test)]
     fn slot(&self, id: u64) -> Option<Arc<Slot>> {
         self.slots
             .lock()
@@ -979,21 +1005,33 @@ impl Sink {
     /// blocks are dropped); an error for an id the peer never announced (or announced
     /// but has not yet seen acknowledged, which an honest sender never does).
     fn pending_slot(&self, id: u64) -> Result<Option<Arc<Slot>>, Error> {
-        if let Some(slot) = self.slot(id) {
-            return Ok(Some(slot));
+        let deadline = self.limits.entry_wait.map(|wait| Instant::now() + wait);
+        let mut slots = self.slots.lock().expect("no panics while held");
+        loop {
+            if let Some(slot) = slots.get(&id) {
+                return Ok(Some(slot.clone()));
+            }
+            if self
+                .failed
+                .lock()
+                .expect("no panics while held")
+                .contains(&id)
+            {
+                return Ok(None);
+            }
+            let left = deadline.and_then(|d| d.checked_duration_since(Instant::now()));
+            let Some(left) = left.filter(|left| !left.is_zero()) else {
+                return Err(Error::protocol(
+                    &self.peer,
+                    format!("data for file id {id} which is not pending"),
+                ));
+            };
+            slots = self
+                .settled
+                .wait_timeout(slots, left)
+                .expect("no panics while held")
+                .0;
         }
-        if self
-            .failed
-            .lock()
-            .expect("no panics while held")
-            .contains(&id)
-        {
-            return Ok(None);
-        }
-        Err(Error::protocol(
-            &self.peer,
-            format!("data for file id {id} which is not pending"),
-        ))
     }
 
     fn place_segment(&self, seg: &Segment, data: &[u8]) -> Result<(), Error> {
@@ -1569,6 +1607,70 @@ mod tests {
             let verdicts = h.close(true);
             prop_assert_eq!(verdicts, vec![(0, Ok(()))]);
             prop_assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
+        }
+    }
+
+    /// A fresh pull (issue 19 item 5): a block that overtook its entry waits for it and
+    /// lands; one for a file that then fails here is dropped; one for an entry that
+    /// never comes is the peer's error once the wait is over, as it is at once without
+    /// the wait.
+    #[test]
+    fn a_block_ahead_of_its_entry_waits_for_it_in_a_fresh_pull() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = SinkLimits {
+            entry_wait: Some(Duration::from_secs(30)),
+            ..SinkLimits::default()
+        };
+        let h = Arc::new(harness(dir.path(), limits, None));
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 5 % 249) as u8).collect();
+        let early = {
+            let (h, data) = (h.clone(), data.clone());
+            std::thread::spawn(move || {
+                let pool = crate::pool::Pool::new(1, 16 << 10);
+                h.sink
+                    .place_block(received(&pool, 0, 0, &data, digest_of(&data), true))
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!early.is_finished(), "the block waits for its entry");
+        h.sink
+            .apply_entry(0, &entry("f", data.len() as u64))
+            .unwrap();
+        early.join().unwrap().unwrap();
+        // A file that fails here (a file is where its directory should be) drops what
+        // was sent of it.
+        std::fs::write(dir.path().join("blocker"), b"").unwrap();
+        let dropped = {
+            let h = h.clone();
+            std::thread::spawn(move || {
+                let pool = crate::pool::Pool::new(1, 4096);
+                h.sink
+                    .place_block(received(&pool, 1, 0, b"abc", digest_of(b"abc"), true))
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(matches!(
+            h.sink.apply_entry(1, &entry("blocker/x", 3)).unwrap(),
+            Applied::Failed(_)
+        ));
+        dropped.join().unwrap().unwrap();
+        let h = Arc::into_inner(h).expect("the threads are done");
+        assert_eq!(h.close(true), vec![(0, Ok(()))]);
+        assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
+
+        let short = SinkLimits {
+            entry_wait: Some(Duration::from_millis(20)),
+            ..SinkLimits::default()
+        };
+        let pool = crate::pool::Pool::new(1, 4096);
+        for limits in [short, SinkLimits::default()] {
+            let dir = tempfile::tempdir().unwrap();
+            let h = harness(dir.path(), limits, None);
+            let e = h
+                .sink
+                .place_block(received(&pool, 7, 0, b"abc", digest_of(b"abc"), true))
+                .unwrap_err();
+            assert!(e.to_string().contains("not pending"), "{e}");
         }
     }
 

@@ -56,6 +56,7 @@ const BLOCK_KEY_LABEL: &[u8] = b"wanxfer/6 blocks from the";
 /// the TLS binding keys its proofs and session.
 const CREDENTIAL_KEY: &[u8] = b"wanxfer/6 credential client: keyed by the TLS binding";
 const GRANT_KEY_LABEL: &[u8] = b"wanxfer/6 third-party grant";
+const SESSION_ID_LABEL: &[u8] = b"wanxfer/6 session id";
 
 /// What ties a handshake to the connection it runs on: a TLS connection's exporter
 /// output, or [`NO_BINDING`] on a connection without encryption.
@@ -198,6 +199,16 @@ impl Authenticated {
         self.channel_proof(session_id, index, join_nonce, binding)
             .ct_eq(proof)
             .into()
+    }
+
+    /// The id of the session this handshake opens: known to the client as soon as it
+    /// has sent its proof, so that its data connections can join before the server's
+    /// answer ([`features::PULL_PIPELINE`]); as unguessable as the key it comes from.
+    pub fn session_id(&self) -> [u8; 16] {
+        let full = mac(&self.session_key, SESSION_ID_LABEL, &[]);
+        let mut id = [0; 16];
+        id.copy_from_slice(&full[..16]);
+        id
     }
 
     /// The key that authenticates control frames `from` one side, in a session without
@@ -697,6 +708,21 @@ mod tests {
         }
         let (other, _) = run_bound(b"s3cret", b"s3cret", [8; 32], [8; 32]).unwrap();
         assert_ne!(other.block_key(Side::Client), keys[2]);
+        // The session's id too, which the client knows once its proof is out.
+        assert_eq!(client.session_id(), server.session_id());
+        assert_ne!(other.session_id(), client.session_id());
+        assert_ne!(&client.session_id()[..], &client.session_key[..16]);
+        let mut c = ClientHandshake::new(b"s3cret", [1; 32], 0);
+        let mut s = ServerHandshake::new(b"s3cret", [2; 32], 0);
+        let Step::Send(proof) = c.handle(s.hello()).unwrap() else {
+            panic!()
+        };
+        let early = c.pending().expect("the proof is out").session_id();
+        s.handle(c.hello()).unwrap();
+        let Step::SendAndDone(_, server) = s.handle(proof).unwrap() else {
+            panic!()
+        };
+        assert_eq!(early, server.session_id());
     }
 
     /// A grant's proof passes only with that grant's secret under that id, and a shared

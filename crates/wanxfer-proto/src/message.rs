@@ -224,8 +224,15 @@ pub mod session_flags {
         | PRESERVE_SPARSE
         | PRESERVE_HARDLINKS;
 
+    /// A pulling client holds nothing of this transfer (no journal, no destination yet)
+    /// and compares nothing, so the server may send a file's blocks as soon as it has
+    /// announced it; the client then waits for an entry that its data overtook. Only
+    /// with [`crate::features::PULL_PIPELINE`]; a server that does not do so clears it in
+    /// its answer.
+    pub const FRESH: u32 = 1 << 12;
+
     pub const ALL: u32 =
-        DISCARD | SYNTHETIC_SOURCE | NO_BLOCK_CHECKSUM | NO_FILE_DIGEST | PRESERVE_ALL;
+        DISCARD | SYNTHETIC_SOURCE | NO_BLOCK_CHECKSUM | NO_FILE_DIGEST | PRESERVE_ALL | FRESH;
 }
 
 /// Where a push's sources land beneath its destination path, `cp -r` style.

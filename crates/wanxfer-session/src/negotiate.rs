@@ -116,7 +116,12 @@ pub fn clamp(
         block_size,
         depth,
         window: req.window.clamp(1, limits.max_window.max(1)),
-        flags: req.flags,
+        // Only a pulling client can say that it holds nothing.
+        flags: if receiving {
+            req.flags & !session_flags::FRESH
+        } else {
+            req.flags
+        },
         max_streams,
         placement,
     }
@@ -216,6 +221,9 @@ pub fn check_accepted(req: &OpenSession, acc: &SessionAccepted) -> Result<(), St
     }
     if acc.flags & session_flags::PRESERVE_ALL & !req.flags != 0 {
         return Err("the server's answer preserves what this client did not ask for".into());
+    }
+    if acc.flags & session_flags::FRESH & !req.flags != 0 {
+        return Err("the server's answer says this client holds nothing, which it did not".into());
     }
     let kept = session_flags::DISCARD | session_flags::SYNTHETIC_SOURCE;
     if acc.flags & !session_flags::ALL != 0 || acc.flags & kept != req.flags & kept {

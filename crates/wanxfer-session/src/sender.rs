@@ -31,6 +31,11 @@ pub struct SenderConfig {
     pub peer_may_hold: bool,
     /// The receiver may send notes on what it could not preserve.
     pub peer_may_note: bool,
+    /// The receiver holds nothing of the transfer and compares nothing
+    /// (`session_flags::FRESH`): a file is read as soon as it is announced, one round
+    /// trip before its acknowledgement would come, which then only moves the window. The
+    /// receiver may neither skip nor hold anything then.
+    pub fresh: bool,
 }
 
 /// Work for the sender's threads.
@@ -258,9 +263,30 @@ impl SenderMachine {
         self.batch_bytes = 0;
         let first_id = self.next_id - entries.len() as u64;
         let with_data = self.with_data(first_id..self.next_id);
-        self.awaiting_ack.push_back((self.next_id, with_data));
         self.link
             .send(Message::Manifest(Manifest { first_id, entries }));
+        if self.cfg.fresh {
+            // Nothing held, nothing to check: read now, behind the announcement.
+            let mut plans = Vec::new();
+            for id in with_data {
+                self.plan(id, &mut plans);
+            }
+            self.planner.flush(&mut plans);
+            self.work.extend(plans.into_iter().map(SenderWork::Read));
+            self.awaiting_ack.push_back((self.next_id, Vec::new()));
+        } else {
+            self.awaiting_ack.push_back((self.next_id, with_data));
+        }
+    }
+
+    /// Plans reading all of file `id` (its data ranges, for a sparse one).
+    fn plan(&mut self, id: u64, plans: &mut Vec<Plan>) {
+        if let Some(file) = self.files.get(&id) {
+            match &file.data {
+                Some(data) => self.planner.add_ranges(id, file.size, data.clone(), plans),
+                None => self.planner.add_whole(id, file.size, plans),
+            }
+        }
     }
 
     /// Ids announced so far (sent or about to be).
@@ -370,10 +396,7 @@ impl SenderMachine {
             return Ok(()); // resolved already (up to date, or failed)
         };
         if file.held.is_empty() {
-            match &file.data {
-                Some(data) => self.planner.add_ranges(id, file.size, data.clone(), plans),
-                None => self.planner.add_whole(id, file.size, plans),
-            }
+            self.plan(id, plans);
             return Ok(());
         }
         if !file.held_complete {
@@ -689,6 +712,7 @@ mod tests {
             peer_may_skip: true,
             peer_may_hold: true,
             peer_may_note: true,
+            fresh: false,
         }
     }
 
@@ -742,6 +766,50 @@ mod tests {
         m.handle_message(now, Message::FileAck { ids: vec![0, 1] })
             .unwrap();
         assert!(m.wants_entries());
+    }
+
+    /// Issue 19 item 5, a pull to a receiver holding nothing (`session_flags::FRESH`):
+    /// files are read as they are announced, the acknowledgement only moves the window
+    /// (nothing is read twice), and the receiver may neither skip nor hold anything.
+    #[test]
+    fn a_fresh_receiver_gets_data_behind_the_announcement() {
+        let now = Instant::now();
+        let fresh = SenderConfig {
+            fresh: true,
+            peer_may_skip: false,
+            peer_may_hold: false,
+            ..cfg()
+        };
+        let mut m = SenderMachine::new(fresh.clone(), now);
+        m.push_entry(file("a", 30));
+        m.push_entry(file("empty", 0));
+        m.push_entry(file("b", 250));
+        m.walk_done();
+        assert!(matches!(
+            &drain(&mut m, now)[..],
+            [Message::Manifest(m), Message::ManifestEnd(_)] if m.entries.len() == 3
+        ));
+        let read = works(&mut m);
+        assert!(
+            matches!(&read[..], [SenderWork::Read(_), ..]),
+            "read before the ack: {read:?}"
+        );
+        m.handle_message(now, Message::ManifestAck { through: 3 })
+            .unwrap();
+        assert!(works(&mut m).is_empty(), "the ack reads nothing again");
+        for refused in [
+            Message::UpToDate { ids: vec![0] },
+            Message::Held(wanxfer_proto::Held {
+                id: 0,
+                ranges: Vec::new(),
+                last: true,
+            }),
+        ] {
+            let mut m = SenderMachine::new(fresh.clone(), now);
+            m.push_entry(file("a", 30));
+            m.walk_done();
+            assert!(m.handle_message(now, refused).is_err());
+        }
     }
 
     /// Issue 19 item 5: entries sent behind the session request are not announced

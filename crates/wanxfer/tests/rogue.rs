@@ -1239,8 +1239,12 @@ fn rogue_join(listener: &std::net::TcpListener, nonce: [u8; 32]) -> (RawPeer, Ch
 /// A rogue server's control connection: the client authenticated properly, and its
 /// request.
 fn rogue_control(listener: &std::net::TcpListener) -> (RawPeer, Authenticated, OpenSession) {
-    rogue_control_offering(listener, features::SUPPORTED)
+    rogue_control_offering(listener, BEFORE_PULL_PIPELINE)
 }
+
+/// A server from before pipelined pulls: its session ids are its own, so a client's
+/// data connections join only once the session is agreed, as these tests expect.
+const BEFORE_PULL_PIPELINE: u64 = features::SUPPORTED & !features::PULL_PIPELINE;
 
 /// [`rogue_control`] for a server offering `offered` features.
 fn rogue_control_offering(

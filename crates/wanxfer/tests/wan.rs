@@ -648,12 +648,15 @@ fn a_path_whose_rate_drops_mid_transfer_still_completes() {
 /// certificate is already pinned sends its first entries behind the request
 /// (`features::PIPELINE`); they are answered with the session, and its blocks follow the
 /// joins at once: 3. The first push pins the certificate (on first use it sends nothing
-/// beyond its request before the server has proved itself: 4), and a pull's server sends
-/// only once a data connection's join reaches it, the join leaving with the session's
-/// answer: one round trip more, 4 (6 before the data connections were opened beside the
-/// authentication).
+/// beyond its request before the server has proved itself: 4). A pull's data connections
+/// open with the control connection and join behind its proof
+/// (`features::PULL_PIPELINE`), and a pull into a destination that does not exist yet
+/// (`session_flags::FRESH`) has its server send the file's block right behind its
+/// entry: 3. Into an existing directory the server waits for the answer to the entry
+/// (the file might be there already): 4 (6 before the data connections were opened
+/// beside the authentication).
 #[test]
-fn a_pipelined_push_waits_three_round_trips_for_its_first_byte() {
+fn a_pipelined_push_and_a_fresh_pull_wait_three_round_trips_for_their_first_byte() {
     if skip() {
         return;
     }
@@ -678,25 +681,39 @@ fn a_pipelined_push_waits_three_round_trips_for_its_first_byte() {
     let first = push("first.bin");
     let pinned = push("small.bin");
     let back = dir.path().join("back.bin");
-    let pull = cp_via(
-        emu.left(wanxfer_bin()),
-        [
-            OsStr::new("--json"),
-            &server.url("small.bin"),
-            back.as_os_str(),
-        ],
-    );
+    let pull_to = |dest: &Path| {
+        cp_via(
+            emu.left(wanxfer_bin()),
+            [
+                OsStr::new("--json"),
+                &server.url("small.bin"),
+                dest.as_os_str(),
+            ],
+        )
+    };
+    let pull = pull_to(&back);
+    let into = dir.path().join("into");
+    fs::create_dir(&into).unwrap();
+    let pull_into = pull_to(&into);
     emu.stop().unwrap();
     // The first push is 4 only if no earlier test of this process pinned the address
     // (the test servers share one certificate); rogue.rs checks the first-use rule.
     let json = first.assert_ok().json();
     let counted = json["setup_round_trips"].as_u64().unwrap();
     assert!((3..=4).contains(&counted), "first push: {json}");
-    for (what, run, expected) in [("pinned push", pinned, 3), ("pull", pull, 4)] {
+    for (what, run, expected) in [
+        ("pinned push", pinned, 3),
+        ("fresh pull", pull, 3),
+        ("pull into a directory", pull_into, 4),
+    ] {
         let json = run.assert_ok().json();
         assert_eq!(json["session_round_trips"], 3, "{what}: {json}");
         assert_eq!(json["setup_round_trips"], expected, "{what}: {json}");
         eprintln!("{what}: first byte after {} s", json["setup_seconds"]);
     }
     assert_eq!(fs::read(&src).unwrap(), fs::read(&back).unwrap());
+    assert_eq!(
+        fs::read(&src).unwrap(),
+        fs::read(into.join("small.bin")).unwrap()
+    );
 }

@@ -511,11 +511,18 @@ fn run_once(
             notes.push("owner and group not kept: this side does not run as root".to_string());
         }
     }
-    // The first data connections are opened as soon as the control connection is up,
-    // so that their TCP and TLS handshakes overlap its authentication; they join once
-    // the session is agreed (a join needs the session's id and key).
+    // The first data connections are opened while the control connection authenticates,
+    // so that their TCP and TLS handshakes overlap it (see `Early`): a pull's right
+    // behind its SYN, to join behind its proof, the others' once it is up, to join once
+    // the session is agreed.
     let early = Arc::new(Early::default());
     let fabric = matches!(cfg.tuning.transport, Transport::Fabric { .. });
+    let pull_over_tcp = matches!(job, ClientJob::Pull { .. }) && !fabric;
+    // Nothing of this transfer here yet: the server may send each file's data right
+    // behind its entry (`session_flags::FRESH`).
+    if pull_over_tcp && is_fresh(job, id, state) {
+        request.flags |= session_flags::FRESH;
+    }
     // A push's first entries go behind the request when the server takes them
     // (`features::PIPELINE`), to be answered with the session: not with --preserve,
     // whose entries depend on what the server agrees to keep.
@@ -537,7 +544,14 @@ fn run_once(
         cfg,
         request.clone(),
         || {
-            early.start(cfg, tuning.streams);
+            if pull_over_tcp {
+                early.start(cfg, tuning.streams, true, 0);
+            }
+        },
+        || {
+            if !pull_over_tcp {
+                early.start(cfg, tuning.streams, false, 1);
+            }
             // libfabric's start-up (see `FabricTransport::prepare`) holds the dynamic
             // loader's lock for 0.2 s, and every thread takes that lock as it starts:
             // begun after the early connections' threads, it no longer holds them up.
@@ -547,6 +561,7 @@ fn run_once(
             }
         },
         pipeline,
+        |keys| early.proved(keys),
     )?;
     // A server that knows --preserve says itself why it keeps no owners (not root, or
     // not started with --accept-owners), in a note of the session.
@@ -642,7 +657,7 @@ fn run_once(
         // As many as the driver opens at the start (see `Driver::open_initial_links`).
         early.keep(params.streams);
         let (cfg, early) = (cfg.clone(), early.clone());
-        Arc::new(move |index| open_channel(&cfg, &session, early.take(), index))
+        Arc::new(move |index| open_channel(&cfg, &session, early.take(index), index))
     };
     let setup = Setup {
         params: params.clone(),
@@ -700,6 +715,7 @@ fn run_once(
                 checkpoint_bytes: checkpoint_bytes(&params),
                 preserve: params.preserve,
                 marked_links: params.marks_link_targets(),
+                entry_wait: params.fresh.then_some(params.stall_timeout),
                 ..SinkLimits::default()
             };
             let report: crate::commit::Report = Arc::new(move |id, result| {
@@ -813,8 +829,15 @@ pub(crate) fn open_control(
 ) -> Result<(Stream, conn::Control, Authenticated, Option<String>), Error> {
     let deadline = Deadline::after(cfg.connect_timeout);
     let tls = cfg.tls()?;
-    let (stream, auth, _) =
-        authenticate(cfg, tls.as_deref(), deadline, None, |_, _| Ok(None), || {})?;
+    let (stream, auth, _) = authenticate(
+        cfg,
+        tls.as_deref(),
+        deadline,
+        |_, _| Ok(Vec::new()),
+        || {},
+        || {},
+        |_, _| {},
+    )?;
     let _ = stream.set_write_timeout(None);
     let control = conn::Control::new(&stream, cfg.server.clone())?;
     // The certificate the server presented, verified (pinned, or by its CA) and proved
@@ -830,10 +853,14 @@ pub(crate) fn open_control(
 }
 
 /// Connects (TLS unless the session runs without encryption), greets and proves this
-/// side knows the secret, sending `request` right behind the proof, and checks the
+/// side knows the secret, sending what `check_greeting` returns for the server's greeting
+/// (a request, and what may go behind it) right behind the proof, and checks the
 /// server's proof. Without encryption, what follows the proof carries MACs both ways.
 /// The server's certificate is pinned only now, once it has proved itself. `connected`
-/// runs once the TCP connection is up, before TLS.
+/// runs once the TCP connection is up, before TLS (`dialing` as soon as its SYN is
+/// out); `proved` once the proof and what
+/// follows it are out, with the keys the session will have if the server proves itself
+/// too and the features its greeting offered.
 ///
 /// Also returns the request/response waits it took: the connect, TLS (whose server
 /// flight carries the greeting as 0.5-RTT data) or, in plaintext, the greeting (sent
@@ -843,9 +870,10 @@ fn authenticate(
     cfg: &ClientConfig,
     tls: Option<&ClientTls>,
     deadline: Deadline,
-    request: Option<&Message>,
-    check_greeting: impl FnOnce(&wanxfer_proto::Hello, bool) -> Result<Option<Message>, Error>,
+    check_greeting: impl FnOnce(&wanxfer_proto::Hello, bool) -> Result<Vec<Message>, Error>,
+    dialing: impl FnOnce(),
     connected: impl FnOnce(),
+    proved: impl FnOnce(&Authenticated, u64),
 ) -> Result<(Stream, Authenticated, u32), Error> {
     let peer = cfg.server.as_str();
     if cfg.credential.is_some() && tls.is_none() {
@@ -853,7 +881,7 @@ fn authenticate(
             "a token or client certificate is sent only over TLS: drop --no-encryption".into(),
         ));
     }
-    let tcp = conn::connect(peer, deadline, cfg.tuning.stall_timeout)?;
+    let tcp = conn::connect_then(peer, deadline, cfg.tuning.stall_timeout, dialing)?;
     // Drawn before `connected` starts threads: the first draw looks its system call up
     // through the dynamic loader, whose lock a fabric client's libfabric start-up (begun
     // there) holds for 0.2 s.
@@ -899,7 +927,8 @@ fn authenticate(
     // (verified by --ca, or pinned): only then does more than the request go before the
     // server's proof.
     let verified = tls.is_some_and(|t| !t.seen.lock().unwrap_or_else(|e| e.into_inner()).first_use);
-    let behind_request = check_greeting(&greeting, verified)?;
+    let offered = greeting.features;
+    let after_proof = check_greeting(&greeting, verified)?;
     let Step::Send(proof) = handshake
         .handle(Message::Hello(greeting))
         .map_err(|e| Error::handshake(peer, e))?
@@ -916,12 +945,12 @@ fn authenticate(
     if let Some(credential) = &credential {
         conn::write_all_by(&mut stream, &conn::frames(&[credential]), deadline, peer)?;
     }
-    if let Some(request) = request {
-        let mut flight = conn::frames(&[request]);
-        if let Some(behind) = &behind_request {
-            flight.extend_from_slice(&conn::frames(&[behind]));
-        }
+    if !after_proof.is_empty() {
+        let flight = conn::frames(&after_proof.iter().collect::<Vec<_>>());
         conn::write_all_by(&mut stream, &flight, deadline, peer)?;
+    }
+    if let Some(keys) = handshake.pending() {
+        proved(keys, offered);
     }
     let Step::Done(auth) = handshake
         .handle(conn::read_message_by(&mut stream, deadline, peer)?)
@@ -943,12 +972,16 @@ fn authenticate(
 /// greeting, then the request). `connected` runs once the TCP connection is up.
 /// With a server that offers [`features::PIPELINE`] and a certificate already verified,
 /// what `pipeline` returns (a push's first manifest entries) goes right behind the
-/// request.
+/// request. `session_flags::FRESH` is asked only of a server that offers
+/// [`features::PULL_PIPELINE`]; `proved` hears whether that server lets data connections
+/// join before its answer, and with which keys.
 fn handshake(
     cfg: &ClientConfig,
-    request: OpenSession,
+    mut request: OpenSession,
+    dialing: impl FnOnce(),
     connected: impl FnOnce(),
     pipeline: impl FnOnce() -> Option<Message>,
+    proved: impl FnOnce(Option<&Authenticated>),
 ) -> Result<Agreed, Error> {
     let peer = cfg.server.as_str();
     let started = Instant::now();
@@ -963,7 +996,10 @@ fn handshake(
         ));
     }
     let tls = cfg.tls()?;
-    let open = Message::OpenSession(request.clone());
+    let pull_pipeline = |offered: u64| {
+        offered & features::PULL_PIPELINE != 0 && request.direction == Direction::Pull
+    };
+    let mut sent = request.clone();
     let check = |greeting: &wanxfer_proto::Hello, verified: bool| {
         if cfg.grant.is_some() && greeting.features & features::THIRD_PARTY == 0 {
             return Err(Error::Usage(format!(
@@ -989,11 +1025,28 @@ fn handshake(
                      it runs an older wanxfer"
             )));
         }
-        let pipelined = verified && greeting.features & features::PIPELINE != 0;
-        Ok(if pipelined { pipeline() } else { None })
+        if !pull_pipeline(greeting.features) {
+            sent.flags &= !session_flags::FRESH;
+        }
+        let mut flight = vec![Message::OpenSession(sent.clone())];
+        if verified && greeting.features & features::PIPELINE != 0 {
+            flight.extend(pipeline());
+        }
+        Ok(flight)
     };
-    let (mut stream, auth, round_trips) =
-        authenticate(cfg, tls.as_deref(), deadline, Some(&open), check, connected)?;
+    let proved = |keys: &Authenticated, offered: u64| {
+        proved(pull_pipeline(offered).then_some(keys));
+    };
+    let (mut stream, auth, round_trips) = authenticate(
+        cfg,
+        tls.as_deref(),
+        deadline,
+        check,
+        dialing,
+        connected,
+        proved,
+    )?;
+    request = sent;
     let accepted = match conn::read_message_by(&mut stream, deadline, peer)? {
         Message::SessionAccepted(a) => a,
         Message::Error(e) => return Err(Error::remote(peer, &e)),
@@ -1015,6 +1068,29 @@ fn handshake(
         round_trips,
         started,
     })
+}
+
+/// Whether this side holds nothing of pull `job` (transfer `id`): no journal of an
+/// earlier run, and no destination yet (or none at all: data thrown away), so that
+/// nothing can be up to date or held (`session_flags::FRESH`).
+fn is_fresh(job: &ClientJob, id: &[u8; 16], state: &StateDir) -> bool {
+    match job {
+        ClientJob::Pull {
+            dest: PullDest::Discard,
+            ..
+        } => true,
+        ClientJob::Pull {
+            dest: PullDest::Local { path, .. },
+            ..
+        } => {
+            !state.has_journal(id)
+                && matches!(
+                    path.symlink_metadata(),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound
+                )
+        }
+        ClientJob::Push { .. } => false,
+    }
 }
 
 /// Creates the missing directories above the job's destination, as `mkdir -p` would:
@@ -1225,31 +1301,110 @@ struct Session {
 }
 
 /// A data connection opened early: connected, TLS done, preamble sent, greeting read;
-/// nothing of the session has been sent on it yet.
+/// joined already if the session's key was known by then (a pull, see [`Early`]).
 struct EarlyChannel {
     stream: Stream,
     greeting: wanxfer_proto::Hello,
+    /// The join it sent before the session's answer came.
+    joined: Option<ChannelJoin>,
+    /// The waits until it was open (or, joined, its join sent): its connect and TLS, after
+    /// the control connection's connect for one started then.
+    ready: u32,
 }
+
+/// An early data connection's thread, which ends with it open (or failed).
+type Opening = std::thread::JoinHandle<Result<EarlyChannel, Error>>;
 
 /// The most data connections opened early, whatever the request asks for.
 const MAX_EARLY: u16 = 8;
 
-/// Data connections opened while the control connection authenticates. They start once
-/// its TCP connection is up (so that the server admits the control connection first,
-/// whatever its per-address limit), finish their own TCP and TLS handshakes by the time
-/// it has its answer, and are then joined without further set-up. Until the join, all
-/// they carry is the preamble: the certificate they met is compared with the one the
-/// control connection's server proved itself behind (a first use pins nothing for
-/// them), and one that fails or differs is dropped for a connection opened the usual
-/// way, after the session is agreed.
-#[derive(Default)]
+/// What early connections join with, once the control connection has sent its proof.
+enum EarlyKey {
+    /// The proof is not out yet.
+    Waiting,
+    /// The session's key and id: join now.
+    Join(Box<Authenticated>, [u8; 16]),
+    /// Join only once the session is agreed (a push, or a server that does not pipeline
+    /// pulls), or the session failed.
+    Later,
+}
+
+/// The key early connections wait for, set once by the control connection.
+struct KeySlot {
+    key: std::sync::Mutex<EarlyKey>,
+    set: std::sync::Condvar,
+}
+
+impl KeySlot {
+    fn set(&self, key: EarlyKey) {
+        let mut held = self.key.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*held, EarlyKey::Waiting) {
+            *held = key;
+        }
+        self.set.notify_all();
+    }
+
+    /// The key to join with now, waiting for it until `deadline`; `None` to join later.
+    fn wait(&self, deadline: Deadline) -> Option<(Box<Authenticated>, [u8; 16])> {
+        let mut held = self.key.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match &*held {
+                EarlyKey::Join(auth, id) => return Some((auth.clone(), *id)),
+                EarlyKey::Later => return None,
+                EarlyKey::Waiting => {}
+            }
+            let Ok(Some(left)) = deadline.left() else {
+                return None;
+            };
+            held = self
+                .set
+                .wait_timeout(held, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Data connections opened while the control connection authenticates, each for one
+/// channel index. A push's start once its TCP connection is up and finish their own TCP
+/// and TLS handshakes by the time it has its answer; a pull's start right behind its
+/// SYN (so that the server still admits the control connection first, whatever its
+/// per-address limit), finish with its TLS, and join as soon as its proof is out
+/// ([`features::PULL_PIPELINE`]: the server holds the join until the session opens and
+/// sends blocks right behind its answer), so that the first block arrives with the
+/// session's answer. Until the join, all they carry is the preamble, and nothing is read
+/// from one whose certificate is not the one the control connection's server proved
+/// itself behind (a first use pins nothing for them): it is dropped for a connection
+/// opened the usual way, after the session is agreed.
 struct Early {
-    pending: std::sync::Mutex<Vec<std::thread::JoinHandle<Result<EarlyChannel, Error>>>>,
+    pending: std::sync::Mutex<Vec<(u16, Opening)>>,
+    key: Arc<KeySlot>,
+}
+
+impl Default for Early {
+    fn default() -> Self {
+        Early {
+            pending: std::sync::Mutex::default(),
+            key: Arc::new(KeySlot {
+                key: std::sync::Mutex::new(EarlyKey::Waiting),
+                set: std::sync::Condvar::new(),
+            }),
+        }
+    }
+}
+
+impl Drop for Early {
+    /// Connections still waiting for the key give up (and close) at once.
+    fn drop(&mut self) {
+        self.key.set(EarlyKey::Later);
+    }
 }
 
 impl Early {
-    /// Starts opening `count` data connections in the background.
-    fn start(&self, cfg: &ClientConfig, count: u16) {
+    /// Starts opening `count` data connections in the background, channels 0 to
+    /// `count - 1`; with `join_early`, each joins as soon as [`Early::proved`] gives it
+    /// the key.
+    fn start(&self, cfg: &ClientConfig, count: u16, join_early: bool, after: u32) {
         // Their own verifier state: the control connection's records what its server
         // presented, for pinning once it has proved itself.
         let tls = match cfg.tls() {
@@ -1257,8 +1412,8 @@ impl Early {
             Err(_) => return,
         };
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        for _ in 0..count.min(MAX_EARLY) {
-            let (cfg, tls) = (cfg.clone(), tls.clone());
+        for index in 0..count.min(MAX_EARLY) {
+            let (cfg, tls, key) = (cfg.clone(), tls.clone(), self.key.clone());
             let spawned = std::thread::Builder::new()
                 .name("wanxfer-early".into())
                 .spawn(move || {
@@ -1277,35 +1432,53 @@ impl Early {
                         peer,
                     )?;
                     let greeting = conn::read_greeting(&mut stream, deadline, peer)?;
-                    Ok(EarlyChannel { stream, greeting })
+                    let mut joined = None;
+                    if let Some((auth, id)) = join_early.then(|| key.wait(deadline)).flatten() {
+                        let join = channel_join(&auth, id, index, &greeting, &stream);
+                        send_join(&mut stream, &join, deadline, peer)?;
+                        joined = Some(join);
+                    }
+                    Ok(EarlyChannel {
+                        stream,
+                        greeting,
+                        joined,
+                        // The proof leaves after the control connection's connect and
+                        // TLS, as a join sent early does after this one's.
+                        ready: after + 2,
+                    })
                 });
             if let Ok(handle) = spawned {
-                pending.push(handle);
+                pending.push((index, handle));
             }
         }
     }
 
-    /// Closes all but `count` early connections, those already open first: the session
-    /// takes no more at its start, and a later channel must not inherit one the server
-    /// has given up on. (A server that is slow to take one, or never does, keeps its
-    /// handshake from finishing.)
-    fn keep(&self, count: u16) {
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        pending.sort_by_key(|handle| !handle.is_finished());
-        // Dropping a handle detaches its thread; its connection closes when it ends.
-        pending.truncate(usize::from(count));
+    /// The control connection's proof is out: early connections join with `auth` now
+    /// where they may (`Some`), or once the session is agreed.
+    fn proved(&self, auth: Option<&Authenticated>) {
+        self.key.set(match auth {
+            Some(auth) => EarlyKey::Join(Box::new(auth.clone()), auth.session_id()),
+            None => EarlyKey::Later,
+        });
     }
 
-    /// The next early connection, the first to be open (or to fail); `None` when all
-    /// are taken. Each ends within the connect timeout, so this waits no longer.
-    fn take(&self) -> Option<Result<EarlyChannel, Error>> {
+    /// Closes the early connections of channels `count` and above: the session takes no
+    /// more at its start, and a later channel must not inherit one the server has given
+    /// up on (or joined under another index).
+    fn keep(&self, count: u16) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        // Dropping a handle detaches its thread; its connection closes when it ends.
+        pending.retain(|(index, _)| *index < count);
+    }
+
+    /// The early connection of channel `index`, once it is open (or failed); `None` if
+    /// there is none. Each ends within the connect timeout, so this waits no longer.
+    fn take(&self, index: u16) -> Option<Result<EarlyChannel, Error>> {
         let handle = loop {
             let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-            if pending.is_empty() {
-                return None;
-            }
-            if let Some(done) = pending.iter().position(|h| h.is_finished()) {
-                break pending.swap_remove(done);
+            let at = pending.iter().position(|(i, _)| *i == index)?;
+            if pending[at].1.is_finished() {
+                break pending.swap_remove(at).1;
             }
             drop(pending);
             std::thread::sleep(Duration::from_millis(1));
@@ -1315,6 +1488,21 @@ impl Early {
                 Err(Error::Internal("opening a data connection panicked".into()))
             }),
         )
+    }
+}
+
+/// The join of channel `index` to session `id` on `stream`, whose greeting was `greeting`.
+fn channel_join(
+    auth: &Authenticated,
+    id: [u8; 16],
+    index: u16,
+    greeting: &wanxfer_proto::Hello,
+    stream: &Stream,
+) -> ChannelJoin {
+    ChannelJoin {
+        session_id: id,
+        index,
+        proof: auth.channel_proof(&id, index, &greeting.nonce, &stream.binding()),
     }
 }
 
@@ -1345,10 +1533,36 @@ fn open_channel(
         }
         None => None,
     };
-    // Waits until the connection could join: its connect and TLS (or greeting), after
-    // the control connection's connect for an early one, after the session otherwise.
-    let (mut stream, greeting, ready) = match early {
-        Some(ch) => (ch.stream, ch.greeting, 1 + 2),
+    // A join sent early named the session as this side derived it, and this channel.
+    let early = early.filter(|ch| match &ch.joined {
+        Some(j) if j.session_id != session.id || j.index != index => {
+            tracing::warn!(
+                "{peer}: a data connection joined an unexpected session early; opening it again"
+            );
+            false
+        }
+        _ => true,
+    });
+    // The join, and the waits until it could leave: the connection's connect and TLS (or
+    // greeting), and for a join that waited for the session, the session's answer.
+    let (mut stream, join, ready) = match early {
+        // Its answer comes in the flight of the session's.
+        Some(EarlyChannel {
+            stream,
+            joined: Some(join),
+            ready,
+            ..
+        }) => (stream, join, ready),
+        Some(EarlyChannel {
+            mut stream,
+            greeting,
+            ready,
+            ..
+        }) => {
+            let join = channel_join(&session.auth, session.id, index, &greeting, &stream);
+            send_join(&mut stream, &join, deadline, peer)?;
+            (stream, join, ready.max(session.round_trips))
+        }
         None => {
             let mut stream = conn::connect_secure(
                 peer,
@@ -1363,29 +1577,18 @@ fn open_channel(
                 peer,
             )?;
             let greeting = conn::read_greeting(&mut stream, deadline, peer)?;
-            (stream, greeting, session.round_trips + 2)
+            let join = channel_join(&session.auth, session.id, index, &greeting, &stream);
+            send_join(&mut stream, &join, deadline, peer)?;
+            (stream, join, session.round_trips + 2)
         }
     };
-    let join = ChannelJoin {
-        session_id: session.id,
-        index,
-        proof: session
-            .auth
-            .channel_proof(&session.id, index, &greeting.nonce, &stream.binding()),
-    };
-    conn::write_all_by(
-        &mut stream,
-        &conn::frames(&[&Message::ChannelJoin(join)]),
-        deadline,
-        peer,
-    )?;
     if session.silent_joins {
         // A refused join is an error and a close, which ends the link like any loss.
         let _ = stream.set_read_timeout(None);
         let _ = stream.set_write_timeout(None);
         return Ok(Opened {
             joined: Joined { stream, join },
-            round_trips: ready.max(session.round_trips),
+            round_trips: ready,
         });
     }
     match conn::read_message_by(&mut stream, deadline, peer)? {
@@ -1394,8 +1597,7 @@ fn open_channel(
             let _ = stream.set_write_timeout(None);
             Ok(Opened {
                 joined: Joined { stream, join },
-                // The join leaves once both the connection and the session are ready.
-                round_trips: ready.max(session.round_trips) + 1,
+                round_trips: ready + 1,
             })
         }
         Message::Error(e) => Err(Error::remote(peer, &e)),
@@ -1404,6 +1606,20 @@ fn open_channel(
             "expected the data channel to be accepted",
         )),
     }
+}
+
+fn send_join(
+    stream: &mut Stream,
+    join: &ChannelJoin,
+    deadline: Deadline,
+    peer: &str,
+) -> Result<(), Error> {
+    conn::write_all_by(
+        stream,
+        &conn::frames(&[&Message::ChannelJoin(*join)]),
+        deadline,
+        peer,
+    )
 }
 
 /// The root and placement for a pull into local `dest`, `cp -r` style, and how the

@@ -284,17 +284,30 @@ pub fn read_preamble(
 
 /// Connects to `server` within what is left of `deadline`, trying each address.
 pub fn connect(server: &str, deadline: Deadline, stall: Duration) -> Result<TcpStream, Error> {
+    connect_then(server, deadline, stall, || {})
+}
+
+/// [`connect`], running `dialing` as soon as the first connection attempt is on its way
+/// (its SYN sent), before it completes: connections opened there reach the server after
+/// this one, and their handshakes overlap its own.
+pub fn connect_then(
+    server: &str,
+    deadline: Deadline,
+    stall: Duration,
+    dialing: impl FnOnce(),
+) -> Result<TcpStream, Error> {
     let addrs: Vec<SocketAddr> = server
         .to_socket_addrs()
         .map_err(|e| Error::network("resolving", server, e))?
         .collect();
+    let mut dialing = Some(dialing);
     let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
     for addr in addrs {
         let left = deadline
             .left()
             .map_err(|()| timed_out(server, "connection"))?
             .unwrap_or(Duration::from_secs(3600));
-        match TcpStream::connect_timeout(&addr, left) {
+        match dial(addr, left, &mut dialing) {
             Ok(stream) => {
                 tune_socket(&stream, stall);
                 return Ok(stream);
@@ -303,6 +316,61 @@ pub fn connect(server: &str, deadline: Deadline, stall: Duration) -> Result<TcpS
         }
     }
     Err(Error::network("connecting to", server, last))
+}
+
+/// One connection attempt to `addr` within `limit`; `dialing`, if still there, runs
+/// once its SYN is out.
+fn dial(
+    addr: SocketAddr,
+    limit: Duration,
+    dialing: &mut Option<impl FnOnce()>,
+) -> std::io::Result<TcpStream> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_nonblocking(true)?;
+    match socket.connect(&addr.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    if let Some(dialing) = dialing.take() {
+        dialing();
+    }
+    let end = Instant::now() + limit;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "connection timed out",
+            ));
+        }
+        let mut poll = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&socket),
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: `poll` is one valid pollfd for the duration of the call.
+        let ready = unsafe { libc::poll(&mut poll, 1, ms) };
+        if ready < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if ready > 0 {
+            break;
+        }
+    }
+    if let Some(e) = socket.take_error()? {
+        return Err(e);
+    }
+    socket.set_nonblocking(false)?;
+    // A refused connection can still look writable: ask whether it has a peer.
+    socket.peer_addr()?;
+    Ok(socket.into())
 }
 
 /// Connects to `server` and, unless the session runs without encryption (`tls` is
@@ -533,6 +601,30 @@ pub fn peer_on_this_host(stream: &Stream) -> bool {
     match (stream.peer_addr(), stream.local_addr()) {
         (Ok(peer), Ok(local)) => peer.ip().is_loopback() || peer.ip() == local.ip(),
         _ => false,
+    }
+}
+
+/// Whether the peer has closed `stream` (its end read, or the connection reset), looked
+/// at without reading: a connection nothing is expected on while it waits.
+pub fn peer_closed(stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    // MSG_DONTWAIT: the socket's own mode (blocking, with timeouts) stays as it is.
+    // SAFETY: recv writes at most 1 byte into `byte`, which lives through the call.
+    let n = unsafe {
+        libc::recv(
+            std::os::fd::AsRawFd::as_raw_fd(stream),
+            byte.as_mut_ptr().cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    match n {
+        0 => true,
+        n if n > 0 => false,
+        _ => !matches!(
+            std::io::Error::last_os_error().kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+        ),
     }
 }
 

@@ -293,6 +293,8 @@ impl Driver {
             .map_err(|e| Error::network("setting up connection to", &setup.peer, e))?;
         // The session runs on the thread that makes its driver.
         setup.meter.enter_this_thread();
+        // A fresh pull's blocks follow their entries without waiting for the answer.
+        let manifest_round_trips = u32::from(!setup.params.fresh);
         let next_status = (setup.opener.is_none()
             && setup.params.features & wanxfer_proto::features::SESSION_STATUS != 0)
             .then(|| Instant::now() + SESSION_STATUS_EVERY);
@@ -314,7 +316,7 @@ impl Driver {
             steer: None,
             pacer: None,
             link_round_trips: HashMap::new(),
-            manifest_round_trips: 1,
+            manifest_round_trips,
             next_status,
         })
     }
@@ -1026,11 +1028,13 @@ impl Driver {
                 window: p.window,
                 stall_timeout: p.stall_timeout,
                 idle_timeout: p.idle_timeout,
-                peer_may_skip: p.features & wanxfer_proto::features::COMPARE != 0,
-                peer_may_hold: p.features
-                    & (wanxfer_proto::features::RESUME | wanxfer_proto::features::COMPARE)
-                    != 0,
+                peer_may_skip: !p.fresh && p.features & wanxfer_proto::features::COMPARE != 0,
+                peer_may_hold: !p.fresh
+                    && p.features
+                        & (wanxfer_proto::features::RESUME | wanxfer_proto::features::COMPARE)
+                        != 0,
                 peer_may_note: p.features & wanxfer_proto::features::PRESERVE != 0,
+                fresh: p.fresh,
             },
             now,
         );

@@ -268,6 +268,10 @@ pub struct Params {
     /// What entries carry, and the receiver keeps, beyond mode and mtime (the answer's
     /// `PRESERVE_*` flags, with [`wanxfer_proto::features::PRESERVE`]).
     pub preserve: crate::preserve::Preserve,
+    /// A pull whose receiver holds nothing of the transfer (`session_flags::FRESH`, with
+    /// `features::PULL_PIPELINE`): the sender reads each file as it announces it, and
+    /// the receiver's writers wait for an entry that a block overtook.
+    pub fresh: bool,
 }
 
 impl Params {
@@ -308,6 +312,8 @@ impl Params {
             } else {
                 crate::preserve::Preserve::default()
             },
+            fresh: a.flags & wanxfer_proto::session_flags::FRESH != 0
+                && features & wanxfer_proto::features::PULL_PIPELINE != 0,
         }
     }
 

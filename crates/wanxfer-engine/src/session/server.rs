@@ -241,6 +241,9 @@ const TAKEOVER_GRACE: Duration = Duration::from_secs(5);
 #[derive(Default)]
 struct Registry {
     sessions: Mutex<HashMap<[u8; 16], Entry>>,
+    /// Signalled (under `sessions`) when a session opens: a pull's data connections may
+    /// join before it does (`features::PULL_PIPELINE`).
+    opened: Condvar,
     transfers: Mutex<HashMap<TransferKey, Running>>,
 }
 
@@ -777,12 +780,29 @@ impl Connection {
                 "a data channel must start by joining",
             ));
         };
-        let sessions = self
-            .shared
-            .registry
-            .sessions
-            .lock()
-            .expect("no panics while held");
+        let registry = &self.shared.registry;
+        let mut sessions = registry.sessions.lock().expect("no panics while held");
+        // A pull's client joins as soon as its proof is out, and the session it names may
+        // still be opening on its control connection: wait for it, as long as this
+        // connection's handshake may take, and no longer than the client keeps the
+        // connection (it closes it when its session is refused).
+        while !sessions.contains_key(&join.session_id) {
+            let Ok(Some(left)) = deadline.left() else {
+                break;
+            };
+            sessions = registry
+                .opened
+                .wait_timeout(sessions, left.min(Duration::from_millis(100)))
+                .expect("no panics while held")
+                .0;
+            if !sessions.contains_key(&join.session_id) && conn::peer_closed(stream.tcp()) {
+                tracing::debug!(
+                    "{}: a data connection closed while its session was opening",
+                    self.peer
+                );
+                return Ok(());
+            }
+        }
         let found = sessions
             .get(&join.session_id)
             .filter(|e| {
@@ -1202,7 +1222,9 @@ impl Connection {
     ) -> Result<(), Error> {
         let shared = &self.shared;
         let l = &shared.limits;
-        let session_id: [u8; 16] = random()?;
+        // Derived, not drawn: the client knows it once its proof is out, so a pull's data
+        // connections can join before the answer reaches it.
+        let session_id = auth.session_id();
         let receiving = request.direction == Direction::Push;
         let prepared = self.prepare(identity, request);
         let (role, wire_placement, export) = match prepared {
@@ -1221,6 +1243,9 @@ impl Connection {
             disk_threads: if receiving { l.writers } else { l.readers } as u32,
         };
         let mut accepted = negotiate::clamp(request, &limits, session_id, wire_placement);
+        if auth.negotiated() & features::PULL_PIPELINE == 0 {
+            accepted.flags &= !session_flags::FRESH;
+        }
         let pipelined = receiving && auth.negotiated() & features::PIPELINE != 0;
         if pipelined {
             // The entries the client may have sent behind its request must fit.
@@ -1284,6 +1309,7 @@ impl Connection {
                     silent_joins: pipelined && request.transport != TransportKind::Fabric,
                 },
             );
+        shared.registry.opened.notify_all();
         let _registered = Registered(&shared.registry, session_id);
         let transport: Arc<dyn crate::transport::Transport> = match fabric {
             Some((listener, endpoint)) => {
@@ -1372,6 +1398,8 @@ impl Connection {
                         checkpoint_bytes: super::client::checkpoint_bytes(&params),
                         preserve: params.preserve,
                         marked_links: params.marks_link_targets(),
+                        // A push is never fresh: its entries come first.
+                        entry_wait: None,
                     },
                     journal,
                     report,

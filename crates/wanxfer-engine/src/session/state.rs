@@ -97,6 +97,12 @@ impl StateDir {
             .map_err(|e| Error::local("record the placement in", path.display(), e))
     }
 
+    /// Whether an earlier run of `transfer_id` left a journal: what it verified may be
+    /// held, so the receiver is not fresh.
+    pub fn has_journal(&self, transfer_id: &[u8; 16]) -> bool {
+        self.journal_path(transfer_id).exists()
+    }
+
     /// Opens (and locks) the journal of `transfer_id` for a receiver writing beneath
     /// `root`. What an earlier run left is replayed and rewritten compactly; nothing is
     /// created until the first partial file needs it.

@@ -565,6 +565,7 @@ pub fn run(data: &[u8]) -> Reached {
                 peer_may_skip: true,
                 peer_may_hold: true,
                 peer_may_note: true,
+                fresh: false,
             },
             base,
         )),

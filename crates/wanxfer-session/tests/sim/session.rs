@@ -147,39 +147,86 @@ enum Ev {
     // Into the sender's loop.
     SMsg(Message),
     SCtlEnd,
-    SSent { index: u16, segs: Vec<SegRef> },
-    SUnsent { segs: Vec<SegRef> },
-    SLinkEnded { index: u16 },
-    SLinkUp { index: u16 },
-    SJoinFailed { index: u16 },
-    SVerified { id: u64, matches: Vec<bool> },
-    SReadFailed { id: u64 },
+    SSent {
+        index: u16,
+        segs: Vec<SegRef>,
+    },
+    SUnsent {
+        segs: Vec<SegRef>,
+    },
+    SLinkEnded {
+        index: u16,
+    },
+    SLinkUp {
+        index: u16,
+    },
+    SJoinFailed {
+        index: u16,
+    },
+    SVerified {
+        id: u64,
+        matches: Vec<bool>,
+    },
+    SReadFailed {
+        id: u64,
+    },
     SPoll,
     STimer,
     SReopen,
     // The sender's threads.
-    ReaderDone { job: Job },
-    PumpDone { index: u16 },
-    PumpNotice { index: u16 },
+    ReaderDone {
+        job: Job,
+    },
+    PumpDone {
+        index: u16,
+    },
+    PumpNotice {
+        index: u16,
+    },
     // Into the receiver's loop.
     RMsg(Message),
     RCtlEnd,
-    RReceived { index: u16 },
-    RLinkEnded { index: u16 },
-    RLinkUp { index: u16 },
-    RJoinFailed { index: u16 },
-    RResolved { id: u64, ok: bool },
+    RReceived {
+        index: u16,
+    },
+    RLinkEnded {
+        index: u16,
+    },
+    RLinkUp {
+        index: u16,
+    },
+    RJoinFailed {
+        index: u16,
+    },
+    RResolved {
+        id: u64,
+        ok: bool,
+    },
     RPoll,
     RTimer,
     RReopen,
     // The receiver's threads.
-    Arrive { index: u16, block: Block },
-    Place { block: Block },
+    Arrive {
+        index: u16,
+        block: Block,
+    },
+    /// A writer takes a block; `since`: when it began waiting for an entry it overtook
+    /// (a fresh pull).
+    Place {
+        block: Block,
+        since: Option<Duration>,
+    },
     Flush,
-    FlushSynced { results: Vec<u64> },
+    FlushSynced {
+        results: Vec<u64>,
+    },
     // The world.
-    ChanOpen { index: u16 },
-    ChanDie { index: u16 },
+    ChanOpen {
+        index: u16,
+    },
+    ChanDie {
+        index: u16,
+    },
     CtlCut,
     Crash(Side),
 }
@@ -327,6 +374,9 @@ pub struct Session<'w> {
     up_to_date: HashSet<String>,
     next_serial: u64,
     calm: bool,
+    /// A pull to a receiver holding nothing of the transfer (`session_flags::FRESH`):
+    /// the sender reads each file as it announces it, and data may overtake its entry.
+    fresh: bool,
     /// The journal as this session's sink opened it, and what each file may send.
     journal: Option<Journal>,
     bounds: HashMap<usize, u64>,
@@ -348,6 +398,10 @@ impl<'w> Session<'w> {
             .filter(|e| w.in_place_and_current(e))
             .map(|e| e.path.clone())
             .collect();
+        let fresh = !w.cfg.push
+            && w.disk.names.is_empty()
+            && w.disk.temps.is_empty()
+            && w.disk.journal.is_empty();
         let journal = w.open_journal();
         let bounds = w.resend_bounds(&journal);
         Session {
@@ -373,6 +427,7 @@ impl<'w> Session<'w> {
             up_to_date,
             next_serial: 0,
             calm,
+            fresh,
             journal: Some(journal),
             bounds,
             fed: [0; 2],
@@ -493,9 +548,10 @@ impl<'w> Session<'w> {
                     window: cfg.window,
                     stall_timeout: cfg.stall_timeout,
                     idle_timeout: None,
-                    peer_may_skip: true,
-                    peer_may_hold: true,
+                    peer_may_skip: !self.fresh,
+                    peer_may_hold: !self.fresh,
                     peer_may_note: true,
+                    fresh: self.fresh,
                 },
                 base,
             ),
@@ -759,7 +815,7 @@ impl<'w> Session<'w> {
             }
             Ev::RReopen => self.reopen(Side::Receiver),
             Ev::Arrive { index, block } => self.arrive(index, block)?,
-            Ev::Place { block } => self.place(block)?,
+            Ev::Place { block, since } => self.place(block, since)?,
             Ev::Flush => self.flush()?,
             Ev::FlushSynced { results } => self.flush_synced(results),
         }
@@ -1863,14 +1919,14 @@ impl<'w> Session<'w> {
         }
         let place = self.w.cfg.place_delay;
         let d = self.up_to(place);
-        self.after(d, Ev::Place { block });
+        self.after(d, Ev::Place { block, since: None });
         let d = self.up_to(Duration::from_micros(100));
         self.ordered(Stream::ReceiverPump(index), d, Ev::RReceived { index });
         Ok(())
     }
 
     /// A writer places a block, segment by segment (the sink's `place_segment`).
-    fn place(&mut self, block: Block) -> Result<(), String> {
+    fn place(&mut self, block: Block, since: Option<Duration>) -> Result<(), String> {
         if self.rcv.is_none() {
             return Ok(());
         }
@@ -1879,13 +1935,27 @@ impl<'w> Session<'w> {
         } else {
             self.w.cfg.weather.write_fail
         };
-        for g in block.segs {
+        let mut segs = block.segs.into_iter();
+        while let Some(g) = segs.next() {
             if self.rcv.is_none() {
                 return Ok(());
             }
-            let Some(_) = self.pending_slot(g.id)? else {
-                continue;
-            };
+            let waited = since.map_or(Duration::ZERO, |t| self.now - t);
+            match self.pending_slot(g.id) {
+                Ok(Some(_)) => {}
+                Ok(None) => continue,
+                // The sink's writer waits for the entry, up to the stall timeout.
+                Err(_) if self.fresh && waited < self.w.cfg.stall_timeout => {
+                    let rest = Block {
+                        serial: block.serial,
+                        segs: std::iter::once(g).chain(segs).collect(),
+                    };
+                    let since = Some(since.unwrap_or(self.now));
+                    self.after(Duration::from_millis(1), Ev::Place { block: rest, since });
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
             let r = self.rcv.as_mut().expect("receiving");
             let slot = r.slots.get_mut(&g.id).expect("pending");
             if g.end() > slot.size {
