@@ -31,7 +31,10 @@
 //! 10-30% at one stream or seven), nothing charges the stream that takes a share, and
 //! the counts wander. There every tuned session keeps to one convention instead
 //! (`Tuner::overrun_verdict`): the count it started from, so that transfers sharing
-//! such a bottleneck meet at equal counts.
+//! such a bottleneck meet at equal counts. Nor does loss charge a stream at a deep
+//! queue that BBR keeps standing: there a stream is judged by the goodput each stream
+//! moves (`Tuner::shared_verdict`), which an added stream that only takes a share from
+//! others lowers, so that transfers sharing the queue meet at equal counts too.
 //!
 //! The search is a hill climb on `U`, not Falcon's Bayesian or gradient variants, because
 //! each evaluation here is expensive (a new stream needs several round trips of slow
@@ -137,6 +140,9 @@ pub const GAIN: f64 = 0.05;
 /// two transfers at one bottleneck toward equal counts: the one with more streams loses
 /// less share per stream it gives up than the other gains per stream it adds.
 pub const KEEP_FEWER: f64 = GAIN / 2.0;
+/// Where a queue stands, the share of each stream's goodput a stream more must keep
+/// (see `Tuner::shared_verdict`).
+pub const SHARE_KEEP: f64 = 0.9;
 /// Change of goodput at an unchanged count that means the path changed.
 pub const PATH_CHANGE: f64 = 0.30;
 /// A loss rate above this sheds streams at once, if it also cost [`LOSS_COST`] of the
@@ -223,6 +229,10 @@ pub struct TuneConfig {
     /// The session can pace itself (a sending TCP client): the controller may then pace
     /// below a policer it detects. Ignored when `rate_bits_per_s` is set (the user's).
     pub may_pace: bool,
+    /// The streams' congestion control does not slow down for loss (BBR): at a full
+    /// queue the loss is then about the same at any count, and the utility's loss term
+    /// cannot charge a stream that only takes a share (see [`Tuner::shared_verdict`]).
+    pub loss_blind: bool,
 }
 
 /// One look at the session. Counters are cumulative over the session (the caller keeps
@@ -363,6 +373,8 @@ struct Best {
     goodput: f64,
     /// The loss rate it ran at: loss to shed for is loss that grew beyond it.
     loss: f64,
+    /// A queue stood at the bottleneck while it ran (see [`Tuner::queue_stands`]).
+    queued: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -676,12 +688,7 @@ impl Tuner {
         }
         match self.phase {
             Phase::Reference { step } => {
-                self.best = Some(Best {
-                    streams: n,
-                    utility: r.utility,
-                    goodput: r.goodput_bits_per_s,
-                    loss: r.loss,
-                });
+                self.best = Some(self.best_of(&r));
                 self.tried_down = false;
                 // Streams whose fixed window cannot hold the path need more of them
                 // whatever else is measured (see [`Tuner::window_holds`]): up first.
@@ -710,7 +717,9 @@ impl Tuner {
             Phase::Probe { dir, step } => {
                 let best = self.best.expect("a probe has a best to compare with");
                 let spread = self.spread();
-                let verdict = self.overrun_verdict(&best, &r);
+                let verdict = self
+                    .overrun_verdict(&best, &r)
+                    .or_else(|| self.shared_verdict(&best, &r));
                 let better = match (verdict, dir) {
                     (Some(verdict), _) => verdict,
                     // By more than the readings' noise could fake: through a shallow
@@ -753,12 +762,7 @@ impl Tuner {
                     // follow each other down to one stream.
                     let onward =
                         dir == Dir::Up || r.utility > best.utility || verdict == Some(true);
-                    self.best = Some(Best {
-                        streams: n,
-                        utility: r.utility,
-                        goodput: r.goodput_bits_per_s,
-                        loss: r.loss,
-                    });
+                    self.best = Some(self.best_of(&r));
                     if !onward {
                         self.hold(now, Reason::Better);
                         return;
@@ -787,6 +791,7 @@ impl Tuner {
                 let may_pace = self.may_pace();
                 let shallow = self.queue_is_shallow(&r);
                 let path_change = PATH_CHANGE.max(2.5 * self.spread());
+                let here = self.best_of(&r);
                 let Some(best) = self.best.as_mut() else {
                     self.phase = Phase::Reference { step: 1 };
                     return;
@@ -824,12 +829,7 @@ impl Tuner {
                     // Start over from here: the old scores describe another path.
                     self.upper_bad = None;
                     self.lower_bad = None;
-                    *best = Best {
-                        streams: n,
-                        utility: r.utility,
-                        goodput: r.goodput_bits_per_s,
-                        loss: r.loss,
-                    };
+                    *best = here;
                     self.tried_down = false;
                     let dir = if moved < 0.0 { Dir::Down } else { Dir::Up };
                     // More goodput at the same count: capacity appeared (the path got
@@ -975,6 +975,70 @@ impl Tuner {
         })
     }
 
+    /// For streams whose congestion control ignores loss (`TuneConfig::loss_blind`), where
+    /// a queue stands at the bottleneck, whether a probe's count is better by the goodput
+    /// each stream moves: one more stream must keep [`SHARE_KEEP`] of what each had (if
+    /// the queue stood before it, or it made one stand); one fewer is better if each
+    /// moves more and the queue stands still (the path stayed full). `None` elsewhere.
+    ///
+    /// Why: a queue that stands means the path is full, and there an added stream moves
+    /// what it takes from the others, the transfer's own or another's. BBR streams
+    /// sharing a deep queue (path (b) of issue 19: 100 ms, 1 Gbit/s, a bandwidth-delay
+    /// product of buffer) split it about per flow and lose about as much at any count,
+    /// so against a competitor's `m` streams a stream more raises a transfer's share
+    /// from `n / (n + m)` to `(n + 1) / (n + m + 1)`, and nothing charges for it: judged by
+    /// the utility, which a probe passes with [`GAIN`], the transfer that probed up won,
+    /// and the counts raced apart (through the emulator, 3.0 against 8.3 streams on
+    /// average over the measured window, 9.6% loss, shares 0.31 / 0.69; held at 4
+    /// against 4, the same path split 0.55-0.60 / 0.40-0.45). Per stream, a stream more
+    /// passes only where every stream is still moving about as much (the path had room),
+    /// and one fewer is kept while it raises what each moves with the path still full:
+    /// both transfers give way toward their floor and meet. A transfer alone sheds the
+    /// streams its own queue shows it does not need. The price: beside a competitor
+    /// that never gives way (a fixed `-P 8`), a tuned transfer ends with less than an
+    /// equal share. Loss-based streams are left to the utility, whose loss term grows
+    /// with their count.
+    ///
+    /// Only with a floor of 2 or more streams, as [`Tuner::overrun_verdict`], which
+    /// judges first.
+    fn shared_verdict(&self, best: &Best, r: &Reading) -> Option<bool> {
+        if !self.cfg.loss_blind || self.cfg.min_streams < 2 || r.streams == best.streams {
+            return None;
+        }
+        let each = |goodput: f64, streams: u16| goodput / f64::from(streams.max(1));
+        let (now, before) = (
+            each(r.goodput_bits_per_s, r.streams),
+            each(best.goodput, best.streams),
+        );
+        let queued = self.queue_stands(r);
+        if r.streams > best.streams {
+            // A stream more that made a queue stand filled the path too.
+            (best.queued || queued).then_some(now >= SHARE_KEEP * before)
+        } else {
+            (best.queued && queued).then_some(now > before)
+        }
+    }
+
+    /// What `r` scores as the best count so far.
+    fn best_of(&self, r: &Reading) -> Best {
+        Best {
+            streams: r.streams,
+            utility: r.utility,
+            goodput: r.goodput_bits_per_s,
+            loss: r.loss,
+            queued: self.queue_stands(r),
+        }
+    }
+
+    /// Whether a queue stood at the bottleneck through `r`: its round trip more than
+    /// [`POLICER_QUEUE`] above the path's lowest. Unknown round trips say nothing.
+    fn queue_stands(&self, r: &Reading) -> bool {
+        match (r.rtt, self.min_rtt) {
+            (Some(rtt), Some(min)) => rtt.as_secs_f64() > min.as_secs_f64() * (1.0 + POLICER_QUEUE),
+            _ => false,
+        }
+    }
+
     /// How long a reading lasts: [`MEASURE_RTTS`] round trips, longer where readings
     /// spread more than [`NOISE_TARGET`], within [`MEASURE_BOUNDS`].
     fn span(&self, rtt: Duration) -> Duration {
@@ -1077,12 +1141,7 @@ impl Tuner {
     /// A pacing rate measured: kept if it scores at least as well as what came before it
     /// (the first pacing, against running unpaced) or better (a faster rate).
     fn judge_pacing(&mut self, now: Duration, step: f64, before: Best, r: Reading) {
-        let here = Best {
-            streams: r.streams,
-            utility: r.utility,
-            goodput: r.goodput_bits_per_s,
-            loss: r.loss,
-        };
+        let here = self.best_of(&r);
         if step == 0.0 {
             // Below a policer's rate the loss goes; in a queue that others keep full it
             // stays, and the pacing would only hold this transfer at the share it had

@@ -349,6 +349,14 @@ impl Driver {
             // Only a sending client's TCP sockets take a pacing rate from here
             // (`set_pacing`); a receiver or a fabric sender paces only at `--rate`.
             may_pace: sending && tcp,
+            // Only a sending client knows its streams' congestion control (a pull's
+            // sender is the server's kernel).
+            loss_blind: sending
+                && tcp
+                && p.congestion
+                    .clone()
+                    .or_else(tcp_info::default_congestion)
+                    .is_some_and(|name| name.starts_with("bbr")),
         };
         // A TCP sender leaves pacing to the kernel (`SO_MAX_PACING_RATE` per socket);
         // receiving pumps and RDMA writes keep the rate themselves.

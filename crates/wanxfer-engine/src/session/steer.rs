@@ -461,6 +461,7 @@ mod tests {
             rate_bits_per_s: None,
             seed: 7,
             may_pace: false,
+            loss_blind: false,
         }
     }
 

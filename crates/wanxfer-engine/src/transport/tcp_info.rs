@@ -231,6 +231,14 @@ fn set_option<T: ?Sized>(
     Ok(())
 }
 
+/// The congestion control new sockets get unless told otherwise (`None` if unreadable).
+pub fn default_congestion() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
 /// The congestion control algorithms this kernel has loaded, as it lists them.
 pub fn available_congestion() -> Vec<String> {
     std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")

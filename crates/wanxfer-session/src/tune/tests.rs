@@ -212,6 +212,7 @@ fn config(start: u16) -> TuneConfig {
         rate_bits_per_s: None,
         seed: u64::from(start),
         may_pace: true,
+        loss_blind: false,
     }
 }
 
@@ -1057,6 +1058,60 @@ fn a_competitor_on_a_lossy_full_queue_is_shared_with_not_fled() {
 #[test]
 fn transfers_started_with_four_streams_share_a_lossy_full_queue() {
     assert_lossy_full_queue_shared(tuned_tcp(0));
+}
+
+/// Issue 19's path (b) as BBR streams see it: a queue of a bandwidth-delay product at 1
+/// Gbit/s that any two streams keep standing (BBR keeps twice its estimate in flight),
+/// shared per flow, the full queue losing a little more with every stream.
+const BBR_DEEP_QUEUE: Path = Path {
+    capacity: G,
+    per_stream: G,
+    loss_per_stream: 0.008,
+    burst_loss: None,
+    shallow: None,
+    deep: true,
+};
+
+/// A tuned session of BBR streams beside a competitor that keeps 4 streams at
+/// [`BBR_DEEP_QUEUE`]: each stream it adds takes a flow's share from the competitor
+/// (4 against 4: half; 5 against 4: 5/9), a gain the utility passes at about the same
+/// loss, and it climbed to 7 streams and 0.6 of the path. Judged per stream where the
+/// queue stands (`Tuner::shared_verdict`), such a stream is not kept, and one fewer is
+/// (each of the others then moves more): the session gives way, down to 2 or 3 streams
+/// and a third of the path. That is the price of the rule: a competitor that never gives
+/// way keeps more than an equal share; two tuned sessions both give way and meet.
+#[test]
+fn a_stream_that_only_takes_a_share_is_not_kept_at_a_standing_queue() {
+    let run = |loss_blind: bool| {
+        let competitor = TuneConfig {
+            fixed_streams: true,
+            max_streams: 4,
+            ..config(4)
+        };
+        let mut t = [
+            Transfer::new(competitor, Duration::ZERO),
+            Transfer::new(
+                TuneConfig {
+                    loss_blind,
+                    ..tuned_tcp(3)
+                },
+                secs(5),
+            ),
+        ];
+        run(&mut t, |_| BBR_DEEP_QUEUE, secs(60), 0.02, 3);
+        let share = t[1].mean(secs(45), secs(60)) / G;
+        (t[1].streams(), share, t[1].story())
+    };
+    let (streams, share, story) = run(true);
+    assert!(
+        streams <= 4 && share < 0.5,
+        "{streams} streams, {share:.2}: {story}"
+    );
+    let (streams, share, story) = run(false);
+    assert!(
+        streams >= 6 && share >= 0.57,
+        "{streams} streams, {share:.2}: {story}"
+    );
 }
 
 /// [`LOSSY_FULL_QUEUE`] shared by two transfers configured as `cfg`: at most 1 in 8 of 48
