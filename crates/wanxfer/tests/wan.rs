@@ -717,3 +717,42 @@ fn a_pipelined_push_and_a_fresh_pull_wait_three_round_trips_for_their_first_byte
         fs::read(into.join("small.bin")).unwrap()
     );
 }
+
+/// A pull's early joins against a server that agrees on fewer streams than the client
+/// opened early (`serve --max-streams 1`, a tuned pull opening 4): the session runs on
+/// what the server agreed, loses no channel and ends verified, in 3 round trips.
+#[test]
+fn a_pipelined_pull_from_a_server_allowing_one_stream() {
+    if skip() {
+        return;
+    }
+    let emu = wan(
+        50,
+        LinkConfig {
+            rate_bps: 200_000_000,
+            ..LinkConfig::default()
+        },
+        23,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_right(&emu, dir.path(), &["--max-streams", "1"]);
+    write_pattern(&dir.path().join("root/big.bin"), 24 << 20, 3);
+    let back = dir.path().join("big.bin");
+    let pull = cp_via(
+        emu.left(wanxfer_bin()),
+        [
+            OsStr::new("--json"),
+            &server.url("big.bin"),
+            back.as_os_str(),
+        ],
+    );
+    emu.stop().unwrap();
+    let json = pull.assert_ok().json();
+    assert_eq!(json["setup_round_trips"], 3, "{json}");
+    assert_eq!(json["channels_lost"], 0, "{json}");
+    assert_eq!(json["streams"], 1, "{json}");
+    assert_eq!(
+        fs::read(dir.path().join("root/big.bin")).unwrap(),
+        fs::read(&back).unwrap()
+    );
+}

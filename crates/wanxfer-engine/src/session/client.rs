@@ -1369,9 +1369,9 @@ impl KeySlot {
 /// channel index. A push's start once its TCP connection is up and finish their own TCP
 /// and TLS handshakes by the time it has its answer; a pull's start right behind its
 /// SYN (so that the server still admits the control connection first, whatever its
-/// per-address limit), finish with its TLS, and join as soon as its proof is out
-/// ([`features::PULL_PIPELINE`]: the server holds the join until the session opens and
-/// sends blocks right behind its answer), so that the first block arrives with the
+/// per-address limit), finish with its TLS, and the first joins as soon as its proof is
+/// out ([`features::PULL_PIPELINE`]: the server holds the join until the session opens
+/// and sends blocks right behind its answer), so that the first block arrives with the
 /// session's answer. Until the join, all they carry is the preamble, and nothing is read
 /// from one whose certificate is not the one the control connection's server proved
 /// itself behind (a first use pins nothing for them): it is dropped for a connection
@@ -1402,8 +1402,8 @@ impl Drop for Early {
 
 impl Early {
     /// Starts opening `count` data connections in the background, channels 0 to
-    /// `count - 1`; with `join_early`, each joins as soon as [`Early::proved`] gives it
-    /// the key.
+    /// `count - 1`; with `join_early`, channel 0 joins as soon as [`Early::proved`] gives
+    /// it the key (the others once the session is agreed).
     fn start(&self, cfg: &ClientConfig, count: u16, join_early: bool, after: u32) {
         // Their own verifier state: the control connection's records what its server
         // presented, for pinning once it has proved itself.
@@ -1433,6 +1433,10 @@ impl Early {
                     )?;
                     let greeting = conn::read_greeting(&mut stream, deadline, peer)?;
                     let mut joined = None;
+                    // Only the first channel: every session agrees on at least one, and
+                    // a server that agreed on fewer than were opened early would take
+                    // whichever joins came first, not the channels the client keeps.
+                    let join_early = join_early && index == 0;
                     if let Some((auth, id)) = join_early.then(|| key.wait(deadline)).flatten() {
                         let join = channel_join(&auth, id, index, &greeting, &stream);
                         send_join(&mut stream, &join, deadline, peer)?;
