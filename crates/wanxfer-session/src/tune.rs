@@ -1111,12 +1111,7 @@ impl Tuner {
     /// buffer, a transfer joining another paced itself at its first share and ended with
     /// 0.34 of the path). Unknown round trips do not rule a policer out.
     fn queue_is_shallow(&self, r: &Reading) -> bool {
-        match (r.rtt, self.min_rtt) {
-            (Some(rtt), Some(min)) => {
-                rtt.as_secs_f64() <= min.as_secs_f64() * (1.0 + POLICER_QUEUE)
-            }
-            _ => true,
-        }
+        !self.queue_stands(r)
     }
 
     /// Whether the controller may choose a pacing rate itself.

@@ -858,9 +858,8 @@ pub(crate) fn open_control(
 /// server's proof. Without encryption, what follows the proof carries MACs both ways.
 /// The server's certificate is pinned only now, once it has proved itself. `connected`
 /// runs once the TCP connection is up, before TLS (`dialing` as soon as its SYN is
-/// out); `proved` once the proof and what
-/// follows it are out, with the keys the session will have if the server proves itself
-/// too and the features its greeting offered.
+/// out); `proved` once the proof and what follows it are out, with the keys the session
+/// will have if the server proves itself too and the features its greeting offered.
 ///
 /// Also returns the request/response waits it took: the connect, TLS (whose server
 /// flight carries the greeting as 0.5-RTT data) or, in plaintext, the greeting (sent
@@ -1322,8 +1321,8 @@ const MAX_EARLY: u16 = 8;
 enum EarlyKey {
     /// The proof is not out yet.
     Waiting,
-    /// The session's key and id: join now.
-    Join(Box<Authenticated>, [u8; 16]),
+    /// The session's keys (its id among them): join now.
+    Join(Box<Authenticated>),
     /// Join only once the session is agreed (a push, or a server that does not pipeline
     /// pulls), or the session failed.
     Later,
@@ -1345,11 +1344,11 @@ impl KeySlot {
     }
 
     /// The key to join with now, waiting for it until `deadline`; `None` to join later.
-    fn wait(&self, deadline: Deadline) -> Option<(Box<Authenticated>, [u8; 16])> {
+    fn wait(&self, deadline: Deadline) -> Option<Box<Authenticated>> {
         let mut held = self.key.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             match &*held {
-                EarlyKey::Join(auth, id) => return Some((auth.clone(), *id)),
+                EarlyKey::Join(auth) => return Some(auth.clone()),
                 EarlyKey::Later => return None,
                 EarlyKey::Waiting => {}
             }
@@ -1437,8 +1436,9 @@ impl Early {
                     // a server that agreed on fewer than were opened early would take
                     // whichever joins came first, not the channels the client keeps.
                     let join_early = join_early && index == 0;
-                    if let Some((auth, id)) = join_early.then(|| key.wait(deadline)).flatten() {
-                        let join = channel_join(&auth, id, index, &greeting, &stream);
+                    if let Some(auth) = join_early.then(|| key.wait(deadline)).flatten() {
+                        let join =
+                            channel_join(&auth, auth.session_id(), index, &greeting, &stream);
                         send_join(&mut stream, &join, deadline, peer)?;
                         joined = Some(join);
                     }
@@ -1461,7 +1461,7 @@ impl Early {
     /// where they may (`Some`), or once the session is agreed.
     fn proved(&self, auth: Option<&Authenticated>) {
         self.key.set(match auth {
-            Some(auth) => EarlyKey::Join(Box::new(auth.clone()), auth.session_id()),
+            Some(auth) => EarlyKey::Join(Box::new(auth.clone())),
             None => EarlyKey::Later,
         });
     }
