@@ -34,7 +34,9 @@
 //! such a bottleneck meet at equal counts. Nor does loss charge a stream at a deep
 //! queue that BBR keeps standing: there a stream is judged by the goodput each stream
 //! moves (`Tuner::shared_verdict`), which an added stream that only takes a share from
-//! others lowers, so that transfers sharing the queue meet at equal counts too.
+//! others lowers, so that transfers sharing the queue meet at equal counts too; and
+//! loss that grows there while the count stays is another transfer's arriving, not a
+//! reason to shed.
 //!
 //! The search is a hill climb on `U`, not Falcon's Bayesian or gradient variants, because
 //! each evaluation here is expensive (a new stream needs several round trips of slow
@@ -655,7 +657,13 @@ impl Tuner {
         // seven), and a competitor that grows costs goodput without more loss. Shedding
         // there would hand the other transfer the path a quarter at a time.
         let grew = r.loss > LOSS_GROWTH * reference_loss;
-        let lossy = r.loss > LOSS_BACKOFF && grew && costly && !first && !fewer;
+        // Nor loss that BBR streams meet at a queue that stands, at the count they had:
+        // they lose about as much at any count, so loss that grew there came with
+        // someone else's streams (or a slower path, which the path-change rule meets),
+        // and shedding a quarter handed the path to the transfer that grew (issue 19's
+        // (b), through the emulator: 4 streams to 3 at 14% loss, shares 0.39 / 0.61).
+        let not_ours = self.cfg.loss_blind && n == reference_streams && self.queue_stands(&r);
+        let lossy = r.loss > LOSS_BACKOFF && grew && costly && !first && !fewer && !not_ours;
         // One such reading is as often the noise of a shallow queue (through the
         // emulator's 1 MB buffer at 50 ms, 12-29% loss at any count and readings ±50%):
         // the next must agree.
@@ -717,9 +725,12 @@ impl Tuner {
             Phase::Probe { dir, step } => {
                 let best = self.best.expect("a probe has a best to compare with");
                 let spread = self.spread();
-                let verdict = self
-                    .overrun_verdict(&best, &r)
-                    .or_else(|| self.shared_verdict(&best, &r));
+                let overrun = self.overrun_verdict(&best, &r);
+                let shared = match overrun {
+                    None => self.shared_verdict(&best, &r),
+                    Some(_) => None,
+                };
+                let verdict = overrun.or(shared);
                 let better = match (verdict, dir) {
                     (Some(verdict), _) => verdict,
                     // By more than the readings' noise could fake: through a shallow
@@ -760,8 +771,19 @@ impl Tuner {
                     // goes on down: two transfers probing down at once each see about
                     // as much (the other gave up its place too), and would otherwise
                     // follow each other down to one stream.
-                    let onward =
-                        dir == Dir::Up || r.utility > best.utility || verdict == Some(true);
+                    // Nor does a stream more kept by what each stream moves where a
+                    // queue stands (`Tuner::shared_verdict`): the path is full, and the
+                    // next could only take share. Two transfers whose probes met, one
+                    // down and one up, each see their streams move as much as before
+                    // and keep their steps; going on at once, they stayed in step, one
+                    // down to its floor and the other up to 7 (issue 19's (b), through
+                    // the emulator: 2 streams against 6-7, shares 0.24 / 0.76). In the
+                    // simulation of two such transfers, 2-3 of 64 seeds ended beyond
+                    // 20% of an equal share where going on left 5-6.
+                    let onward = match (shared, dir) {
+                        (Some(true), Dir::Up) => false,
+                        _ => dir == Dir::Up || r.utility > best.utility || verdict == Some(true),
+                    };
                     self.best = Some(self.best_of(&r));
                     if !onward {
                         self.hold(now, Reason::Better);
