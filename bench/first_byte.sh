@@ -4,9 +4,11 @@
 # server on the right one at RTT, and prints each run's wall clock (whole command), its
 # counted round trips to the first data byte and to the session, and the seconds to the
 # first block (from `--json`; runs of older builds print only the wall clock and their
-# fixed count). A pull goes each time into a destination that does not exist yet.
+# fixed count). A pull goes each time into a destination that does not exist yet;
+# `pull-into` into an existing empty directory, `pull-over` into one holding an older
+# file of the name.
 #
-#   bench/first_byte.sh [WANXFER] [EMU] [RTT] [N] [push|pull]
+#   bench/first_byte.sh [WANXFER] [EMU] [RTT] [N] [push|pull|pull-into|pull-over]
 #   bench/first_byte.sh target/debug/wanxfer target/debug/wanxfer-emu 200ms 5 pull
 set -eu
 wanxfer=$(realpath "${1:-target/debug/wanxfer}")
@@ -20,15 +22,26 @@ mkdir -p "$dir/root" "$dir/state" "$dir/server-state"
 head -c 20000 /dev/urandom >"$dir/small.bin"
 cp "$dir/small.bin" "$dir/root/small.bin"
 # What each run copies ($i is the run's number, expanded in left.sh).
+# What each run prepares first.
+prepare=true
 case $mode in
 push) copy="$dir/small.bin wanxfer://10.77.0.2:7800/small\$i.bin" ;;
 pull) copy="wanxfer://10.77.0.2:7800/small.bin $dir/pulled\$i.bin" ;;
-*) echo "mode is push or pull, not $mode" >&2; exit 2 ;;
+pull-into)
+  copy="wanxfer://10.77.0.2:7800/small.bin $dir/into\$i"
+  prepare="mkdir $dir/into\$i"
+  ;;
+pull-over)
+  copy="wanxfer://10.77.0.2:7800/small.bin $dir/into\$i"
+  prepare="mkdir $dir/into\$i && head -c 20000 /dev/urandom >$dir/into\$i/small.bin"
+  ;;
+*) echo "mode is push, pull, pull-into or pull-over, not $mode" >&2; exit 2 ;;
 esac
 "$wanxfer" serve --help >/dev/null
 cat >"$dir/left.sh" <<SCRIPT
 export WANXFER_STATE_DIR=$dir/state
 for i in \$(seq $runs); do
+  $prepare
   start=\$(date +%s.%N)
   "$wanxfer" cp --secret-file "$dir/secret" --json $copy >"$dir/out"
   end=\$(date +%s.%N)

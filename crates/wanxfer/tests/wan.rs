@@ -651,10 +651,11 @@ fn a_path_whose_rate_drops_mid_transfer_still_completes() {
 /// beyond its request before the server has proved itself: 4). A pull's data connections
 /// open with the control connection and join behind its proof
 /// (`features::PULL_PIPELINE`), and a pull into a destination that does not exist yet
-/// (`session_flags::FRESH`) has its server send the file's block right behind its
-/// entry: 3. Into an existing directory the server waits for the answer to the entry
-/// (the file might be there already): 4 (6 before the data connections were opened
-/// beside the authentication).
+/// (`session_flags::FRESH`), or into a directory that has no file of its name yet, has
+/// its server send the file's block right behind its entry: 3. Into a directory that
+/// holds an older file of that name, the server waits for the answer to the entry (the
+/// file might be up to date, or partly there): 4 (6 before the data connections were
+/// opened beside the authentication), and the older file is replaced.
 #[test]
 fn a_pipelined_push_and_a_fresh_pull_wait_three_round_trips_for_their_first_byte() {
     if skip() {
@@ -695,6 +696,10 @@ fn a_pipelined_push_and_a_fresh_pull_wait_three_round_trips_for_their_first_byte
     let into = dir.path().join("into");
     fs::create_dir(&into).unwrap();
     let pull_into = pull_to(&into);
+    let holding = dir.path().join("holding");
+    fs::create_dir(&holding).unwrap();
+    write_pattern(&holding.join("small.bin"), 20_000, 6);
+    let pull_over = pull_to(&holding);
     emu.stop().unwrap();
     // The first push is 4 only if no earlier test of this process pinned the address
     // (the test servers share one certificate); rogue.rs checks the first-use rule.
@@ -704,7 +709,8 @@ fn a_pipelined_push_and_a_fresh_pull_wait_three_round_trips_for_their_first_byte
     for (what, run, expected) in [
         ("pinned push", pinned, 3),
         ("fresh pull", pull, 3),
-        ("pull into a directory", pull_into, 4),
+        ("pull into a directory", pull_into, 3),
+        ("pull over an older file", pull_over, 4),
     ] {
         let json = run.assert_ok().json();
         assert_eq!(json["session_round_trips"], 3, "{what}: {json}");
@@ -712,10 +718,12 @@ fn a_pipelined_push_and_a_fresh_pull_wait_three_round_trips_for_their_first_byte
         eprintln!("{what}: first byte after {} s", json["setup_seconds"]);
     }
     assert_eq!(fs::read(&src).unwrap(), fs::read(&back).unwrap());
-    assert_eq!(
-        fs::read(&src).unwrap(),
-        fs::read(into.join("small.bin")).unwrap()
-    );
+    for dest in [&into, &holding] {
+        assert_eq!(
+            fs::read(&src).unwrap(),
+            fs::read(dest.join("small.bin")).unwrap()
+        );
+    }
 }
 
 /// A pull's early joins against a server that agrees on fewer streams than the client

@@ -4,6 +4,7 @@
 //! resume rather than restart.
 
 use std::net::SocketAddr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -302,7 +303,7 @@ pub fn transfer_id(server: &str, job: &ClientJob) -> [u8; 16] {
                 PullDest::Discard => part(b"/dev/null"),
                 PullDest::Local { path, into } => {
                     let absolute = std::path::absolute(path).unwrap_or_else(|_| path.clone());
-                    part(std::os::unix::ffi::OsStrExt::as_bytes(absolute.as_os_str()));
+                    part(absolute.as_os_str().as_bytes());
                     part(&[u8::from(*into)]);
                 }
             }
@@ -682,14 +683,7 @@ fn run_once(
             synthetic_bytes,
             dest,
         } => {
-            let tops: Vec<Vec<u8>> = if synthetic_bytes.is_some() {
-                vec![SYNTHETIC_NAME.to_vec()]
-            } else {
-                sources
-                    .iter()
-                    .filter_map(|s| s.split_last().map(|(_, n)| n.to_vec()))
-                    .collect()
-            };
+            let tops = pull_tops(sources, *synthetic_bytes);
             let (target, journal) = match dest {
                 PullDest::Discard => (None, None),
                 PullDest::Local { path, into } => {
@@ -1070,26 +1064,53 @@ fn handshake(
 }
 
 /// Whether this side holds nothing of pull `job` (transfer `id`): no journal of an
-/// earlier run, and no destination yet (or none at all: data thrown away), so that
-/// nothing can be up to date or held (`session_flags::FRESH`).
+/// earlier run, and no destination yet (or none at all: data thrown away), or a
+/// directory the sources land in (`cp -r` into it) holding none of their names yet; so
+/// that nothing can be up to date or held (`session_flags::FRESH`). Into a directory
+/// only where no earlier run of the transfer placed its source onto the destination
+/// itself: a rerun lands where that one did, whose files the directory then holds.
 fn is_fresh(job: &ClientJob, id: &[u8; 16], state: &StateDir) -> bool {
-    match job {
-        ClientJob::Pull {
-            dest: PullDest::Discard,
-            ..
-        } => true,
-        ClientJob::Pull {
-            dest: PullDest::Local { path, .. },
-            ..
-        } => {
-            !state.has_journal(id)
-                && matches!(
-                    path.symlink_metadata(),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound
-                )
-        }
-        ClientJob::Push { .. } => false,
+    let ClientJob::Pull {
+        sources,
+        synthetic_bytes,
+        dest,
+    } = job
+    else {
+        return false;
+    };
+    let PullDest::Local { path, .. } = dest else {
+        return true;
+    };
+    let absent = |path: &Path| matches!(path.symlink_metadata(), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+    if state.has_journal(id) {
+        return false;
     }
+    match path.symlink_metadata() {
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        Ok(meta) if meta.is_dir() && state.placement(id) != Some(Wire::Onto) => {
+            // Two sources of one name would meet at one destination file.
+            let tops = pull_tops(sources, *synthetic_bytes);
+            let distinct: std::collections::HashSet<&Vec<u8>> = tops.iter().collect();
+            tops.len() == sources.len().max(1)
+                && distinct.len() == tops.len()
+                && tops
+                    .iter()
+                    .all(|top| absent(&path.join(std::ffi::OsStr::from_bytes(top))))
+        }
+        Ok(_) => false,
+    }
+}
+
+/// The names a pull's sources take at its destination: each source's last component
+/// (the synthetic source's fixed name).
+fn pull_tops(sources: &[RelPath], synthetic_bytes: Option<u64>) -> Vec<Vec<u8>> {
+    if synthetic_bytes.is_some() {
+        return vec![SYNTHETIC_NAME.to_vec()];
+    }
+    sources
+        .iter()
+        .filter_map(|s| s.split_last().map(|(_, n)| n.to_vec()))
+        .collect()
 }
 
 /// Creates the missing directories above the job's destination, as `mkdir -p` would:
@@ -1645,7 +1666,7 @@ fn local_target(
             _ => Path::new("."),
         };
         let root = Root::open(parent)?;
-        let rel = RelPath::new(std::os::unix::ffi::OsStrExt::as_bytes(name))
+        let rel = RelPath::new(name.as_bytes())
             .map_err(|e| Error::Usage(format!("{}: {e}", dest.display())))?;
         Ok((root, rel))
     };
@@ -1668,4 +1689,67 @@ fn local_target(
         Placement::decide(&root, &rel, count, pinned.unwrap_or(Wire::Resolve))?;
     placement.allowed_tops = Some(tops);
     Ok((root, placement, chosen))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pull(dest: &Path, sources: &[&str]) -> ClientJob {
+        ClientJob::Pull {
+            sources: sources
+                .iter()
+                .map(|s| RelPath::new(s.as_bytes()).unwrap())
+                .collect(),
+            synthetic_bytes: None,
+            dest: PullDest::Local {
+                path: dest.to_path_buf(),
+                into: false,
+            },
+        }
+    }
+
+    /// A pull is fresh into a path that does not exist, or a directory that holds none
+    /// of its sources' names; not where one is there, where the destination is a file,
+    /// where an earlier run left a journal, or where it placed its source onto the
+    /// directory itself (a rerun lands in it again).
+    #[test]
+    fn a_pull_is_fresh_only_where_nothing_of_it_can_be() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(&dir.path().join("state")).unwrap();
+        let dest = dir.path().join("dest");
+        let id = [7; 16];
+        let fresh = |job: &ClientJob| is_fresh(job, &id, &state);
+        assert!(fresh(&pull(&dest, &["data/run42"])), "missing destination");
+        std::fs::create_dir(&dest).unwrap();
+        assert!(
+            fresh(&pull(&dest, &["data/run42", "b.bin"])),
+            "empty directory"
+        );
+        std::fs::write(dest.join("b.bin"), b"older").unwrap();
+        assert!(fresh(&pull(&dest, &["data/run42"])), "other names only");
+        assert!(
+            !fresh(&pull(&dest, &["data/run42", "b.bin"])),
+            "one name there"
+        );
+        assert!(!fresh(&pull(&dest, &["a/x", "b/x"])), "one name twice");
+        std::os::unix::fs::symlink("nowhere", dest.join("run42")).unwrap();
+        assert!(
+            !fresh(&pull(&dest, &["data/run42"])),
+            "a dangling link there"
+        );
+        assert!(!fresh(&pull(&dest.join("b.bin"), &["x"])), "a file");
+        state.set_placement(&id, Wire::Onto).unwrap();
+        assert!(!fresh(&pull(&dest, &["data/new"])), "placed onto before");
+        state.set_placement(&id, Wire::Into).unwrap();
+        assert!(fresh(&pull(&dest, &["data/new"])), "placed into before");
+        std::fs::write(state.journal_path(&id), b"").unwrap();
+        assert!(!fresh(&pull(&dest, &["data/new"])), "a journal");
+        let discard = ClientJob::Pull {
+            sources: vec![RelPath::new(b"x").unwrap()],
+            synthetic_bytes: None,
+            dest: PullDest::Discard,
+        };
+        assert!(fresh(&discard));
+    }
 }

@@ -67,7 +67,7 @@ impl StateDir {
         &self.path
     }
 
-    fn journal_path(&self, transfer_id: &[u8; 16]) -> PathBuf {
+    pub(crate) fn journal_path(&self, transfer_id: &[u8; 16]) -> PathBuf {
         self.path
             .join("journals")
             .join(format!("{}.journal", hex(transfer_id)))
