@@ -34,9 +34,9 @@
 //! such a bottleneck meet at equal counts. Nor does loss charge a stream at a deep
 //! queue that BBR keeps standing: there a stream is judged by the goodput each stream
 //! moves (`Tuner::shared_verdict`), which an added stream that only takes a share from
-//! others lowers, so that transfers sharing the queue meet at equal counts too; and
-//! loss that grows there while the count stays is another transfer's arriving, not a
-//! reason to shed.
+//! others lowers, so that transfers sharing the queue meet at equal counts too. And
+//! BBR streams shed nothing for loss that grows while their count stays: that is
+//! another transfer's streams arriving, not their own.
 //!
 //! The search is a hill climb on `U`, not Falcon's Bayesian or gradient variants, because
 //! each evaluation here is expensive (a new stream needs several round trips of slow
@@ -233,7 +233,8 @@ pub struct TuneConfig {
     pub may_pace: bool,
     /// The streams' congestion control does not slow down for loss (BBR): at a full
     /// queue the loss is then about the same at any count, and the utility's loss term
-    /// cannot charge a stream that only takes a share (see [`Tuner::shared_verdict`]).
+    /// cannot charge a stream that only takes a share (see [`Tuner::shared_verdict`]),
+    /// nor can loss that grew at an unchanged count be the streams' own (none is shed).
     pub loss_blind: bool,
 }
 
@@ -657,12 +658,12 @@ impl Tuner {
         // seven), and a competitor that grows costs goodput without more loss. Shedding
         // there would hand the other transfer the path a quarter at a time.
         let grew = r.loss > LOSS_GROWTH * reference_loss;
-        // Nor loss that BBR streams meet at a queue that stands, at the count they had:
-        // they lose about as much at any count, so loss that grew there came with
-        // someone else's streams (or a slower path, which the path-change rule meets),
-        // and shedding a quarter handed the path to the transfer that grew (issue 19's
-        // (b), through the emulator: 4 streams to 3 at 14% loss, shares 0.39 / 0.61).
-        let not_ours = self.cfg.loss_blind && n == reference_streams && self.queue_stands(&r);
+        // Nor loss that BBR streams meet at the count they had: they lose about as much
+        // at any count, so loss that grew came with someone else's streams (or a slower
+        // path, which the path-change rule meets), and shedding a quarter handed the
+        // path to the transfer that grew (issue 19's (b), through the emulator: 4
+        // streams to 3 at 14% loss, shares 0.39 / 0.61; (a): 4 to 3 at 28%, 0.37).
+        let not_ours = self.cfg.loss_blind && n == reference_streams;
         let lossy = r.loss > LOSS_BACKOFF && grew && costly && !first && !fewer && !not_ours;
         // One such reading is as often the noise of a shallow queue (through the
         // emulator's 1 MB buffer at 50 ms, 12-29% loss at any count and readings ±50%):
