@@ -293,6 +293,20 @@ fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
+/// Feeds `tuner` one tick of `goodput` (the session's, bits per second) losing `loss` of
+/// its segments, at the streams it last decided on: for tests that shape the readings by
+/// hand rather than through a [`Path`].
+fn tick_by_hand(tuner: &mut Tuner, m: &mut Measurement, goodput: f64, loss: f64) {
+    m.at += TICK;
+    m.streams = tuner.current().streams;
+    let bytes = (goodput * TICK.as_secs_f64() / 8.0) as u64;
+    m.bytes += bytes;
+    m.segments_sent += bytes / 1448;
+    m.segments_retransmitted += ((bytes / 1448) as f64 * loss) as u64;
+    tuner.handle_measurement(*m);
+    while tuner.poll_decision().is_some() {}
+}
+
 #[test]
 fn the_utility_charges_for_streams_and_loss() {
     let clean = utility(1000.0, 4, 0.0);
@@ -502,14 +516,7 @@ fn one_lossy_reading_sheds_nothing() {
         ..Measurement::default()
     };
     let mut feed = |tuner: &mut Tuner, rate: f64, loss: f64| {
-        m.at += TICK;
-        let bytes = (rate * TICK.as_secs_f64() / 8.0) as u64;
-        m.bytes += bytes;
-        m.segments_sent += bytes / 1448;
-        m.segments_retransmitted += ((bytes / 1448) as f64 * loss) as u64;
-        m.streams = tuner.current().streams;
-        tuner.handle_measurement(m);
-        while tuner.poll_decision().is_some() {}
+        tick_by_hand(tuner, &mut m, rate, loss);
     };
     // At the top of its range the controller holds 8 (every probe down costs).
     for _ in 0..20 {
@@ -1001,14 +1008,8 @@ fn loss_that_did_not_grow_sheds_nothing() {
     // Each stream carries an eighth of `rate` (window-limited): fewer deliver less, so
     // the controller holds 8.
     let mut feed = |tuner: &mut Tuner, rate: f64, loss: f64| {
-        m.at += TICK;
-        m.streams = tuner.current().streams;
-        let bytes = (rate * f64::from(m.streams) / 8.0 * TICK.as_secs_f64() / 8.0) as u64;
-        m.bytes += bytes;
-        m.segments_sent += bytes / 1448;
-        m.segments_retransmitted += ((bytes / 1448) as f64 * loss) as u64;
-        tuner.handle_measurement(m);
-        while tuner.poll_decision().is_some() {}
+        let streams = tuner.current().streams;
+        tick_by_hand(tuner, &mut m, rate * f64::from(streams) / 8.0, loss);
     };
     for _ in 0..60 {
         feed(&mut tuner, G, 0.12);
@@ -1320,15 +1321,8 @@ fn loss_that_came_with_others_sheds_no_bbr_stream() {
         };
         // Each stream a quarter of `rate`, more fill nothing more: the session holds 4.
         let mut feed = |tuner: &mut Tuner, rate: f64, loss: f64| {
-            m.at += TICK;
-            m.streams = tuner.current().streams;
-            let carried = rate * f64::from(m.streams.min(4)) / 4.0;
-            let bytes = (carried * TICK.as_secs_f64() / 8.0) as u64;
-            m.bytes += bytes;
-            m.segments_sent += bytes / 1448;
-            m.segments_retransmitted += ((bytes / 1448) as f64 * loss) as u64;
-            tuner.handle_measurement(m);
-            while tuner.poll_decision().is_some() {}
+            let streams = tuner.current().streams;
+            tick_by_hand(tuner, &mut m, rate * f64::from(streams.min(4)) / 4.0, loss);
         };
         for _ in 0..200 {
             feed(&mut tuner, G, 0.02);
