@@ -717,12 +717,8 @@ fn a_pipelined_push_and_a_fresh_pull_wait_three_round_trips_for_their_first_byte
         assert_eq!(json["setup_round_trips"], expected, "{what}: {json}");
         eprintln!("{what}: first byte after {} s", json["setup_seconds"]);
     }
-    assert_eq!(fs::read(&src).unwrap(), fs::read(&back).unwrap());
-    for dest in [&into, &holding] {
-        assert_eq!(
-            fs::read(&src).unwrap(),
-            fs::read(dest.join("small.bin")).unwrap()
-        );
+    for landed in [back, into.join("small.bin"), holding.join("small.bin")] {
+        assert_eq!(fs::read(&src).unwrap(), fs::read(&landed).unwrap());
     }
 }
 

@@ -1088,7 +1088,8 @@ fn is_fresh(job: &ClientJob, id: &[u8; 16], state: &StateDir) -> bool {
     match path.symlink_metadata() {
         Err(e) => e.kind() == std::io::ErrorKind::NotFound,
         Ok(meta) if meta.is_dir() && state.placement(id) != Some(Wire::Onto) => {
-            // Two sources of one name would meet at one destination file.
+            // Every source named (there is one, and none is the root), no two alike
+            // (they would meet at one destination file), none there yet.
             let tops = pull_tops(sources, *synthetic_bytes);
             let distinct: std::collections::HashSet<&Vec<u8>> = tops.iter().collect();
             tops.len() == sources.len().max(1)
