@@ -251,6 +251,23 @@ pub struct SinkLimits {
     pub entry_wait: Option<Duration>,
 }
 
+impl SinkLimits {
+    /// As a fresh pull's receiver (`session_flags::FRESH`) needs them: its sender sends
+    /// each file's data right behind the entry, unasked, on other connections, so a
+    /// block may overtake its entry and waits up to `entry_wait` for it; and nothing in
+    /// place is compared. The session is fresh because none of its names was there when
+    /// it began; a file that appeared at one since is replaced, as it would be if it
+    /// differed, since its data is on the way whatever this side answers (an "up to
+    /// date" answer, which the sender cannot take back, would end the session).
+    pub fn fresh(self, entry_wait: Duration) -> SinkLimits {
+        SinkLimits {
+            compare: Compare::Always,
+            entry_wait: Some(entry_wait),
+            ..self
+        }
+    }
+}
+
 impl Default for SinkLimits {
     fn default() -> Self {
         SinkLimits {
@@ -1617,10 +1634,7 @@ mod tests {
     #[test]
     fn a_block_ahead_of_its_entry_waits_for_it_in_a_fresh_pull() {
         let dir = tempfile::tempdir().unwrap();
-        let limits = SinkLimits {
-            entry_wait: Some(Duration::from_secs(30)),
-            ..SinkLimits::default()
-        };
+        let limits = SinkLimits::default().fresh(Duration::from_secs(30));
         let h = Arc::new(harness(dir.path(), limits, None));
         let data: Vec<u8> = (0..10_000u32).map(|i| (i * 5 % 249) as u8).collect();
         let early = {
@@ -1658,10 +1672,7 @@ mod tests {
         assert_eq!(h.close(true), vec![(0, Ok(()))]);
         assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), data);
 
-        let short = SinkLimits {
-            entry_wait: Some(Duration::from_millis(20)),
-            ..SinkLimits::default()
-        };
+        let short = SinkLimits::default().fresh(Duration::from_millis(20));
         let pool = crate::pool::Pool::new(1, 4096);
         for limits in [short, SinkLimits::default()] {
             let dir = tempfile::tempdir().unwrap();
@@ -1839,6 +1850,36 @@ mod tests {
             h.sink.apply_entry(2, &entry("f", 6)).unwrap(),
             Applied::Pending
         );
+    }
+
+    /// A fresh pull's sink compares nothing: a file that appeared at an entry's name
+    /// since the session began, even one the quick check would pass, is received and
+    /// replaced, never answered "up to date" (its data is on the way, and its sender
+    /// could not take that answer).
+    #[test]
+    fn a_fresh_pull_replaces_a_file_that_appeared_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"older").unwrap();
+        let time = std::time::UNIX_EPOCH + std::time::Duration::new(1_000_000, 5);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(time)
+            .unwrap();
+        let limits = SinkLimits::default().fresh(Duration::from_secs(30));
+        let h = harness(dir.path(), limits, None);
+        assert_eq!(
+            h.sink.apply_entry(0, &entry("f", 5)).unwrap(),
+            Applied::Pending
+        );
+        let pool = crate::pool::Pool::new(1, 4096);
+        h.sink
+            .place_block(received(&pool, 0, 0, b"newer", digest_of(b"newer"), true))
+            .unwrap();
+        assert_eq!(h.close(true), vec![(0, Ok(()))]);
+        assert_eq!(std::fs::read(&path).unwrap(), b"newer");
     }
 
     /// A file whose parent cannot be created (a regular file stands where the directory

@@ -709,8 +709,11 @@ fn run_once(
                 checkpoint_bytes: checkpoint_bytes(&params),
                 preserve: params.preserve,
                 marked_links: params.marks_link_targets(),
-                entry_wait: params.fresh.then_some(params.stall_timeout),
                 ..SinkLimits::default()
+            };
+            let limits = match params.fresh {
+                true => limits.fresh(params.stall_timeout),
+                false => limits,
             };
             let report: crate::commit::Report = Arc::new(move |id, result| {
                 let _ = report_to.send(Event::Resolved { id, result });
