@@ -426,4 +426,24 @@ mod tests {
             "an ended thread is not counted twice"
         );
     }
+
+    /// A thread that worked for a session before it knew which (a server's data
+    /// connection, through its TLS handshake and join) adds its whole CPU when it hands
+    /// over, without having entered.
+    #[test]
+    fn a_thread_that_never_entered_adds_all_it_used() {
+        let meter = std::sync::Arc::new(CpuMeter::default());
+        let m = meter.clone();
+        let used = std::thread::spawn(move || {
+            while thread_cpu().seconds() < 0.02 {}
+            let used = thread_cpu();
+            m.add_this_thread();
+            used
+        })
+        .join()
+        .unwrap();
+        let total = meter.total();
+        assert!(total.seconds() >= used.seconds(), "{total:?} {used:?}");
+        assert_eq!(meter.so_far(), total);
+    }
 }

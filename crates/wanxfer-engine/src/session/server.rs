@@ -192,6 +192,9 @@ struct Entry {
     /// A pipelined session this side receives (`features::PIPELINE`): a join is not
     /// answered, as the client's blocks follow it at once.
     silent_joins: bool,
+    /// The session's CPU, which a data connection's thread adds itself to once it has
+    /// joined: its TLS handshake is the session's work, done before the session was known.
+    meter: Arc<CpuMeter>,
 }
 
 /// A session's transfer, so that a newer session of the same transfer (the client
@@ -814,9 +817,9 @@ impl Connection {
                     &join.proof,
                 )
             })
-            .map(|e| (e.events.clone(), e.silent_joins));
+            .map(|e| (e.events.clone(), e.silent_joins, e.meter.clone()));
         drop(sessions);
-        let Some((events, silent)) = found else {
+        let Some((events, silent, meter)) = found else {
             Self::refuse(
                 &mut stream,
                 FailureClass::Auth,
@@ -839,6 +842,8 @@ impl Connection {
         self.ticket.release();
         let _ = stream.set_read_timeout(None);
         let _ = stream.set_write_timeout(None);
+        // This thread ends here; what it did (mostly the TLS handshake) was the session's.
+        meter.add_this_thread();
         events
             .try_send(Event::Joined(Joined { stream, join }))
             .map_err(|_| {
@@ -1296,6 +1301,7 @@ impl Connection {
         // Registered before the client learns the session's id, so that its data
         // connections, which it opens at once, find it.
         let events = crossbeam_channel::bounded(super::driver::EVENT_QUEUE);
+        let meter = Arc::new(CpuMeter::default());
         shared
             .registry
             .sessions
@@ -1307,6 +1313,7 @@ impl Connection {
                     auth,
                     events: events.0.clone(),
                     silent_joins: pipelined && request.transport != TransportKind::Fabric,
+                    meter: meter.clone(),
                 },
             );
         shared.registry.opened.notify_all();
@@ -1370,7 +1377,6 @@ impl Connection {
         let _ = ours.moved.set(progress.clone());
         self.observe_start(info);
         let started = Instant::now();
-        let meter = Arc::new(CpuMeter::default());
         let (role, sink) = match role {
             Role::Send(source, selection) => (Role::Send(source, selection), None),
             Role::Receive(target) => {
