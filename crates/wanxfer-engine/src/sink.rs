@@ -1514,6 +1514,18 @@ mod tests {
         harness(dir, SinkLimits::default(), None)
     }
 
+    /// A file at `path` holding `bytes`, with the mtime [`entry`] announces.
+    fn in_place(path: &std::path::Path, bytes: &[u8]) {
+        std::fs::write(path, bytes).unwrap();
+        let time = std::time::UNIX_EPOCH + std::time::Duration::new(1_000_000, 5);
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(time)
+            .unwrap();
+    }
+
     fn entry(path: &str, size: u64) -> Entry {
         Entry {
             kind: EntryKind::File,
@@ -1821,15 +1833,8 @@ mod tests {
     fn a_file_in_place_with_the_same_size_and_mtime_is_up_to_date() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
-        std::fs::write(&path, b"12345").unwrap();
+        in_place(&path, b"12345");
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .unwrap();
-        let time = std::time::UNIX_EPOCH + std::time::Duration::new(1_000_000, 5);
-        std::fs::File::options()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_modified(time)
             .unwrap();
         let h = sink_in(dir.path());
         assert_eq!(
@@ -1860,14 +1865,7 @@ mod tests {
     fn a_fresh_pull_replaces_a_file_that_appeared_in_place() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
-        std::fs::write(&path, b"older").unwrap();
-        let time = std::time::UNIX_EPOCH + std::time::Duration::new(1_000_000, 5);
-        std::fs::File::options()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_modified(time)
-            .unwrap();
+        in_place(&path, b"older");
         let limits = SinkLimits::default().fresh(Duration::from_secs(30));
         let h = harness(dir.path(), limits, None);
         assert_eq!(
