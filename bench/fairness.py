@@ -54,7 +54,7 @@ def run(name, gap, after, window, timeout, flags=""):
     out, report, err = tuning.run_path(path, right, left, timeout)
     starts = {int(line[5]): float(line.split()[1]) for line in out.splitlines() if line.startswith("START")}
     t0 = report["_started_unix_s"]
-    series, finals = [], []
+    series, finals, progresses = [], [], []
     for i, f in enumerate(files, 1):
         try:
             with open(f) as fh:
@@ -64,6 +64,7 @@ def run(name, gap, after, window, timeout, flags=""):
         progress = [p for p in lines if p.get("event") == "progress"]
         if i not in starts or not progress:
             raise benchlib.ToolError(f"path {name}, transfer {i} moved nothing: {err[-300:]}")
+        progresses.append((starts[i] - t0, progress))
         # The sockets' rate where the client sampled them (`network_bits_per_s`); the
         # block count (`bits_per_s`) steps by 4 MiB and is kept beside it.
         series.append([{"t_s": starts[i] - t0 + p["t_s"],
@@ -82,6 +83,16 @@ def run(name, gap, after, window, timeout, flags=""):
     for s in series:
         inside = [p["bits_per_s"] for p in s if lo < p["t_s"] <= hi]
         means.append(sum(inside) / len(inside) if inside else 0.0)
+    # The streams each ran over the window, and their TCP windows: BBR streams sharing a
+    # standing queue keep the split their windows have, so a transfer ahead at an equal
+    # count shows it here (the shares follow the windows' sums).
+    over = []
+    for offset, progress in progresses:
+        up = [[c for c in p.get("channels") or [] if c.get("state") == "up"]
+              for p in progress if lo < offset + p["t_s"] <= hi]
+        cwnd = [c["cwnd"] for u in up for c in u if c.get("cwnd") is not None]
+        over.append({"streams": sum(len(u) for u in up) / len(up) if up else 0.0,
+                     "cwnd_per_stream": sum(cwnd) / len(cwnd) if cwnd else None})
     both = sum(means)
     ceiling = bps * tuning.GOODPUT
     # Both must still be running over the whole window, else the shares mean nothing.
@@ -92,7 +103,7 @@ def run(name, gap, after, window, timeout, flags=""):
             "mean_gbit_per_s": [m / 1e9 for m in means], "shares": shares,
             "of_half_ceiling": [m / (ceiling / 2) for m in means],
             "within_20pct_of_equal": overlap and all(abs(s - 0.5) <= 0.1 for s in shares),
-            "final": finals,
+            "final": finals, "over_window": over,
             "ceiling_gbit_per_s": ceiling / 1e9, "emu": tuning.emu_summary(report), "series": series}
 
 
@@ -174,7 +185,8 @@ def main():
              f"Machine: {meta['machine']}; load {meta['load']}. Shares are each transfer's mean rate (its 1 s "
              "--progress-json lines) over the window, of the two rates' sum; target 0.4-0.6 each.", "",
              "| path | window s | transfer 1 Gbit/s | transfer 2 Gbit/s | shares | of half the ceiling | both ran through | "
-             "within 20% | streams at the window's end |", "|---|---|---|---|---|---|---|---|---|"]
+             "within 20% | streams at the window's end | streams over the window | TCP window per stream over it, segments |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['path']} ({r['what']}) | {r['window_s'][0]:.1f}-{r['window_s'][1]:.1f} | "
                      f"{r['mean_gbit_per_s'][0]:.3f} | {r['mean_gbit_per_s'][1]:.3f} | "
@@ -182,7 +194,10 @@ def main():
                      f"{r['of_half_ceiling'][0]:.2f} / {r['of_half_ceiling'][1]:.2f} | "
                      f"{'yes' if r['both_running_through_window'] else 'no'} | "
                      f"{'yes' if r['within_20pct_of_equal'] else 'no'} | "
-                     f"{r['final'][0]['streams']} / {r['final'][1]['streams']} |")
+                     f"{r['final'][0]['streams']} / {r['final'][1]['streams']} | "
+                     f"{r['over_window'][0]['streams']:.1f} / {r['over_window'][1]['streams']:.1f} | "
+                     + " / ".join("-" if o["cwnd_per_stream"] is None else f"{o['cwnd_per_stream']:.0f}"
+                                  for o in r["over_window"]) + " |")
     with open(a.out + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
