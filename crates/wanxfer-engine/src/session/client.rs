@@ -711,9 +711,10 @@ fn run_once(
                 marked_links: params.marks_link_targets(),
                 ..SinkLimits::default()
             };
-            let limits = match params.fresh {
-                true => limits.fresh(params.stall_timeout),
-                false => limits,
+            let limits = if params.fresh {
+                limits.fresh(params.stall_timeout)
+            } else {
+                limits
             };
             let report: crate::commit::Report = Arc::new(move |id, result| {
                 let _ = report_to.send(Event::Resolved { id, result });
