@@ -520,16 +520,16 @@ impl Driver {
         self.set_pacing();
     }
 
-    /// Spreads the session's rate over the active TCP links of a sending client.
+    /// Spreads the session's rate over the active TCP links of a sending client, or
+    /// lifts the cap where the controller paces no more: a released rate left on the
+    /// sockets would hold the session at it.
     fn set_pacing(&self) {
         let Some(steer) = &self.steer else { return };
         if self.send_queue.is_none() || self.pacer.is_some() {
             return;
         }
         let active = self.active_links();
-        let Some(per_channel) = steer.pacing_per_channel(active.len()) else {
-            return;
-        };
+        let per_channel = steer.pacing_per_channel(active.len());
         for index in active {
             let socket = self
                 .links
@@ -537,7 +537,7 @@ impl Driver {
                 .and_then(|slot| slot.closer.as_ref())
                 .and_then(|c| c.socket());
             if let Some(socket) = socket {
-                if let Err(e) = tcp_info::set_max_pacing_rate(socket, Some(per_channel)) {
+                if let Err(e) = tcp_info::set_max_pacing_rate(socket, per_channel) {
                     tracing::warn!("pacing data channel {index}: {e}");
                 }
             }

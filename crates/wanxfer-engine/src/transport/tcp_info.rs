@@ -296,7 +296,7 @@ mod tests {
     }
 
     /// Over loopback: what was sent is counted as acknowledged on one side and received
-    /// on the other, and a pacing cap shows in the kernel's pacing rate.
+    /// on the other, and a pacing cap shows in the kernel's pacing rate until lifted.
     #[test]
     fn a_loopback_connection_reports_its_bytes_and_its_pacing_cap() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -308,10 +308,10 @@ mod tests {
             let mut got = vec![0u8; 1 << 20];
             server.read_exact(&mut got).unwrap();
             let info = sample(&server).unwrap();
-            (got.len(), info)
+            (got.len(), info, server)
         });
         client.write_all(&data).unwrap();
-        let (len, server_info) = reader.join().unwrap();
+        let (len, server_info, mut server) = reader.join().unwrap();
         assert_eq!(len, 1 << 20);
         assert!(server_info.bytes_received >= 1 << 20, "{server_info:?}");
         // Acknowledgements may lag the last write by a moment.
@@ -329,7 +329,20 @@ mod tests {
             info.pacing_rate <= 50_000_000,
             "the cap holds the kernel's pacing rate: {info:?}"
         );
+        // Lifted, the cap no longer holds the rate the kernel computes (what a
+        // controller that stops pacing relies on).
         set_max_pacing_rate(&client, None).unwrap();
+        let drain = std::thread::spawn(move || {
+            let mut got = vec![0u8; 4 << 20];
+            server.read_exact(&mut got).unwrap();
+        });
+        client.write_all(&vec![7u8; 4 << 20]).unwrap();
+        drain.join().unwrap();
+        let info = sample(&client).unwrap();
+        assert!(
+            info.pacing_rate > 50_000_000,
+            "the lifted cap holds nothing: {info:?}"
+        );
     }
 
     /// A name no kernel has is refused with the list of what it has.
