@@ -629,6 +629,12 @@ def run_paths(a):
                     entry["fabric_vs_tcp"] = figure(fab) / figure(plain)
                 if wx and spec["steps"] and wx.get("progress"):
                     entry["recovery_s"] = [rc["seconds_to_within"] for rc in recovery(path, wx["progress"])]
+                if spec["steps"]:
+                    # Every other tool's too, run by run: how often the congestion control
+                    # alone (iperf3) meets the target on this host, beside wanxfer.
+                    entry["peer_recovery_s"] = {
+                        r["tool"]: [rc["seconds_to_within"] for rc in recovery(path, r["progress"])]
+                        for r in mine if r["tool"] != "wanxfer" and r.get("progress")}
                 per_rep.append(entry)
             summary["per_rep"] = per_rep
         summaries.append(summary)
@@ -737,12 +743,14 @@ def run_paths(a):
                       "peer's of the same repetition" + (", and its seconds to within 10% after each rate change"
                                                          if any("recovery_s" in e for e in s["per_rep"]) else "")
                       + ". The tables above show each tool's median run.", "",
-                      "| repetition | wanxfer / best peer, exact | fabric / TCP, unencrypted | recovery s |",
-                      "|---|---|---|---|"]
+                      "| repetition | wanxfer / best peer, exact | fabric / TCP, unencrypted | recovery s | peers' recovery s |",
+                      "|---|---|---|---|---|"]
             for e in s["per_rep"]:
                 rec = ", ".join(f3(v, 1) for v in e.get("recovery_s", [])) or "-"
+                peers_rec = "; ".join(f"{tool} {', '.join(f3(v, 1) for v in secs)}"
+                                      for tool, secs in e.get("peer_recovery_s", {}).items()) or "-"
                 lines.append(f"| {e['rep']} | {f3(e['wanxfer_vs_best_peer_exact'])} | {f3(e.get('fabric_vs_tcp'))} "
-                             f"| {rec} |")
+                             f"| {rec} | {peers_rec} |")
     with open(a.out + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
