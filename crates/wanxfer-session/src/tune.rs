@@ -1302,7 +1302,9 @@ impl Tuner {
         // on probing ran 2-5 streams each over the measured window, and the shares
         // followed the counts (7 of 24 runs beyond 20% of an equal share); held at 4
         // each by hand (`--streams 4`), 15 runs of 15 were within it, and at 2 each 11 of
-        // 12 (two BBR flows each split the path less evenly than four).
+        // 12; with this rule, 24 of 24. The cost: a transfer alone keeps 4 streams
+        // where it shed toward 2, and (f)'s drop meets more stale BBR estimates
+        // (`bench/runs/fairness-2026-11-28-standing.md`).
         let target = if self.full {
             let convention = self.convention();
             match dir {
