@@ -130,6 +130,7 @@ pub struct Steer {
     /// Counters of sockets that closed, so that the session's sums never go back.
     ended_segments: u64,
     ended_retransmits: u64,
+    ended_carried: u64,
     /// Bytes the sockets of channels no longer listed in `channels` moved.
     pruned_bytes: u64,
     channels: BTreeMap<u16, Channel>,
@@ -183,6 +184,7 @@ impl Steer {
             sending,
             ended_segments: 0,
             ended_retransmits: 0,
+            ended_carried: 0,
             pruned_bytes: 0,
             channels: BTreeMap::new(),
             delivered: None,
@@ -235,7 +237,7 @@ impl Steer {
             }
             self.note_min_rtt(info.min_rtt);
         }
-        let (mut streams, mut segments, mut retransmits) = (0u16, 0u64, 0u64);
+        let (mut streams, mut segments, mut retransmits, mut carried) = (0u16, 0u64, 0u64, 0u64);
         let mut rtt_sum = Duration::ZERO;
         let mut rtt_count = 0u32;
         for c in channels {
@@ -244,6 +246,7 @@ impl Steer {
             };
             segments += info.segments_out;
             retransmits += info.total_retransmits;
+            carried += carried_bytes(&info);
             self.note_min_rtt(info.min_rtt);
             if !c.retiring {
                 streams += 1;
@@ -321,6 +324,7 @@ impl Steer {
             segments_sent: self.ended_segments + if self.sending { segments } else { 0 },
             segments_retransmitted: self.ended_retransmits
                 + if self.sending { retransmits } else { 0 },
+            bytes_carried: self.ended_carried + if self.sending { carried } else { 0 },
             waited_us: counted.waited_us,
             window_bytes,
         };
@@ -347,6 +351,7 @@ impl Steer {
                 if self.sending {
                     self.ended_segments += c.info.segments_out;
                     self.ended_retransmits += c.info.total_retransmits;
+                    self.ended_carried += carried_bytes(&c.info);
                 }
             }
         }
@@ -443,6 +448,12 @@ impl From<&Decision> for DecisionReport {
             reason: d.reason.to_string(),
         }
     }
+}
+
+/// Payload bytes a socket's segments carried across the path (acknowledged or
+/// selectively acknowledged, retransmissions included), at its segment size.
+fn carried_bytes(info: &TcpInfo) -> u64 {
+    info.delivered.saturating_mul(u64::from(info.mss))
 }
 
 #[cfg(test)]

@@ -90,6 +90,10 @@ pub struct TcpInfo {
     /// Segments sent, and sent again, over the connection's life.
     pub segments_out: u64,
     pub total_retransmits: u64,
+    /// Segments the peer acknowledged or selectively acknowledged, retransmissions
+    /// included (`tcpi_delivered`): what crossed the path, which a hole in the stream
+    /// does not hold back as it holds back `bytes_acked`.
+    pub delivered: u64,
     /// Payload bytes the peer acknowledged (sending), or received (receiving).
     pub bytes_acked: u64,
     pub bytes_received: u64,
@@ -139,6 +143,14 @@ pub fn sample(socket: &impl AsRawFd) -> std::io::Result<TcpInfo> {
             0
         },
         total_retransmits: u64::from(raw.total_retrans),
+        delivered: if has(offset_of_end(
+            std::mem::offset_of!(RawTcpInfo, delivered),
+            4,
+        )) {
+            u64::from(raw.delivered)
+        } else {
+            0
+        },
         bytes_acked: if has(offset_of_end(
             std::mem::offset_of!(RawTcpInfo, bytes_acked),
             8,
@@ -292,6 +304,7 @@ mod tests {
         assert_eq!(std::mem::offset_of!(RawTcpInfo, segs_out), 136);
         assert_eq!(std::mem::offset_of!(RawTcpInfo, min_rtt), 148);
         assert_eq!(std::mem::offset_of!(RawTcpInfo, delivery_rate), 160);
+        assert_eq!(std::mem::offset_of!(RawTcpInfo, delivered), 192);
         assert_eq!(std::mem::offset_of!(RawTcpInfo, snd_wnd), 228);
     }
 
@@ -325,6 +338,11 @@ mod tests {
         }
         assert!(info.bytes_acked >= 1 << 20, "{info:?}");
         assert!(info.segments_out > 0 && info.cwnd > 0, "{info:?}");
+        // Every acknowledged byte crossed in a delivered segment of at most `mss`.
+        assert!(
+            info.delivered * u64::from(info.mss) >= info.bytes_acked,
+            "{info:?}"
+        );
         assert!(
             info.pacing_rate <= 50_000_000,
             "the cap holds the kernel's pacing rate: {info:?}"

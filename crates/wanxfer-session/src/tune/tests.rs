@@ -1420,3 +1420,153 @@ fn a_standing_queue_bounds_a_bbr_probe_at_the_starting_count() {
     assert_eq!(probe(false, 2, Dir::Up, 4), 6);
     assert_eq!(probe(false, 6, Dir::Down, 3), 3);
 }
+
+/// Feeds one tick as [`tick_by_hand`], with `carried` (bits per second) crossing the
+/// path: what the sockets acknowledge (`goodput`) may differ from it while holes wait
+/// for their repair.
+fn tick_carrying(tuner: &mut Tuner, m: &mut Measurement, goodput: f64, carried: f64, loss: f64) {
+    m.bytes_carried += (carried * TICK.as_secs_f64() / 8.0) as u64;
+    tick_by_hand(tuner, m, goodput, loss);
+}
+
+/// How a path that slows under BBR streams looks to the tuner, issue 19's (f) through
+/// the emulator: 2 Gbit/s for 10 s, then 500 Mbit/s under a queue sized for the old
+/// rate. Until the session is paced below the new rate, the streams' stale estimates
+/// overfill the queue: a quarter of their segments are lost, the round trip is five
+/// times its lowest, and what the sockets acknowledge comes in bursts as holes are
+/// repaired, while what crosses the path is the new rate. `signs` leaves out one of
+/// those; the tuner's history is returned with the time of the drop.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Overfill {
+    All,
+    NoLoss,
+    NoQueue,
+    SmallDrop,
+}
+
+fn slowed_path(cfg: TuneConfig, signs: Overfill, seed: u64) -> (Vec<Decision>, Duration) {
+    let mut tuner = Tuner::new(cfg);
+    let mut m = Measurement {
+        rtt: Some(RTT),
+        min_rtt: Some(RTT),
+        ..Measurement::default()
+    };
+    let mut noise = ChaCha8Rng::seed_from_u64(seed);
+    for _ in 0..50 {
+        let g = 2.0 * G * noise.random_range(0.95..1.05);
+        tick_carrying(&mut tuner, &mut m, g, g, 0.0);
+    }
+    assert!(tuner.current().pacing_bits_per_s.is_none());
+    let drop = m.at;
+    let rate = if signs == Overfill::SmallDrop {
+        1.7 * G
+    } else {
+        0.5 * G
+    };
+    for _ in 0..100 {
+        let paced_below = tuner
+            .current()
+            .pacing_bits_per_s
+            .is_some_and(|p| p as f64 / WIRE_OVERHEAD < rate);
+        let drained = paced_below
+            || tuner
+                .history()
+                .any(|d| d.at > drop && d.reason == Reason::Drained);
+        if drained {
+            m.rtt = Some(RTT);
+            let g = rate * noise.random_range(0.88..0.92);
+            tick_carrying(&mut tuner, &mut m, g, g, 0.0);
+            continue;
+        }
+        m.rtt = Some(if signs == Overfill::NoQueue {
+            RTT
+        } else {
+            5 * RTT
+        });
+        let loss = if signs == Overfill::NoLoss { 0.0 } else { 0.25 };
+        // Holes repaired in bursts: acknowledged 20-200% of the rate, tick by tick.
+        let acked = rate * noise.random_range(0.2..2.0);
+        tick_carrying(&mut tuner, &mut m, acked, rate, loss);
+    }
+    (tuner.history().copied().collect(), drop)
+}
+
+/// BBR streams whose path slowed under them are paced, within a second, just below what
+/// crosses the path (not what the sockets acknowledged, which bursts), while the queue
+/// drains; unpaced again a reading later; at the count they had throughout.
+#[test]
+fn a_path_that_slowed_under_bbr_streams_is_paced_while_its_queue_drains() {
+    for seed in 0..16 {
+        let cfg = TuneConfig {
+            loss_blind: true,
+            ..tuned_tcp(seed)
+        };
+        let (history, drop) = slowed_path(cfg, Overfill::All, seed);
+        let story = format!("seed {seed}: {history:?}");
+        let held = history.iter().rev().find(|d| d.at <= drop).unwrap().streams;
+        let drain = history
+            .iter()
+            .find(|d| matches!(d.reason, Reason::Drain(_)))
+            .unwrap_or_else(|| panic!("no drain: {story}"));
+        assert!(drain.at > drop && drain.at <= drop + secs(1), "{story}");
+        let pace = drain.pacing_bits_per_s.unwrap() as f64 / WIRE_OVERHEAD;
+        let expected = DRAIN_PACE * 0.5 * G;
+        assert!(
+            (pace - expected).abs() < 0.02 * expected,
+            "paced at {pace}: {story}"
+        );
+        let drained = history
+            .iter()
+            .find(|d| d.reason == Reason::Drained)
+            .unwrap_or_else(|| panic!("never unpaced: {story}"));
+        assert!(drained.pacing_bits_per_s.is_none(), "{story}");
+        assert!(drained.at <= drain.at + secs(4), "{story}");
+        assert!(
+            [drain, drained].iter().all(|d| d.streams == held),
+            "{story}"
+        );
+        let drains = history
+            .iter()
+            .filter(|d| matches!(d.reason, Reason::Drain(_)))
+            .count();
+        assert_eq!(drains, 1, "{story}");
+    }
+}
+
+/// Without every sign of a slowed path the session is not paced for it: loss-based
+/// streams (they slow down for loss themselves), a session that cannot pace, less
+/// goodput with nothing lost (a competitor took a share), loss with the round trip at
+/// its lowest (a policer: the hold's own rule), or a dip within a path change's margin.
+#[test]
+fn nothing_drains_without_every_sign_of_a_slowed_path() {
+    let bbr = |seed| TuneConfig {
+        loss_blind: true,
+        ..tuned_tcp(seed)
+    };
+    for seed in 0..8 {
+        let cases = [
+            (tuned_tcp(seed), Overfill::All),
+            (
+                TuneConfig {
+                    may_pace: false,
+                    ..bbr(seed)
+                },
+                Overfill::All,
+            ),
+            (bbr(seed), Overfill::NoLoss),
+            (bbr(seed), Overfill::NoQueue),
+            (bbr(seed), Overfill::SmallDrop),
+        ];
+        for (cfg, signs) in cases {
+            let (history, _) = slowed_path(cfg.clone(), signs, seed);
+            assert!(
+                !history
+                    .iter()
+                    .any(|d| matches!(d.reason, Reason::Drain(_) | Reason::Drained)),
+                "seed {seed}, {signs:?}, loss-blind {}, may pace {}: {history:?}",
+                cfg.loss_blind,
+                cfg.may_pace
+            );
+        }
+    }
+}
