@@ -441,8 +441,10 @@ enum Phase {
     /// losing a fifth to a third of their segments, and what arrived came in bursts as
     /// their holes were repaired (1 s rates of 118-957 Mbit/s against a 483 Mbit/s
     /// ceiling), so that the rate was back within 10% of the ceiling within 5 s in 8 of
-    /// 15 runs. A pacing cap at what arrives stops the overflow at once; lifted after one
-    /// reading, it leaves estimates that match the new rate.
+    /// 15 runs. A pacing cap just below what crosses the path stops the overflow at once;
+    /// lifted after one reading, it leaves estimates that match the new rate. With it, 5
+    /// runs of 5 were back within 3-4 s of the drop and 2 s of the rise, and (b)'s shares
+    /// stayed where they were (`bench/runs/drain-2026-11-28.md`).
     Drain,
 }
 
