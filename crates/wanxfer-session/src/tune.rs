@@ -442,8 +442,8 @@ enum Phase {
     /// their holes were repaired (1 s rates of 118-957 Mbit/s against a 483 Mbit/s
     /// ceiling), so that the rate was back within 10% of the ceiling within 5 s in 8 of
     /// 15 runs. A pacing cap just below what crosses the path stops the overflow at once;
-    /// lifted after one reading, it leaves estimates that match the new rate. With it, 5
-    /// runs of 5 were back within 3-4 s of the drop and 2 s of the rise, and (b)'s shares
+    /// lifted after one reading, it leaves estimates that match the new rate. With it, 8
+    /// runs of 8 were back within 1-4 s of the drop and 2-3 s of the rise, and (b)'s shares
     /// stayed where they were (`bench/runs/drain-2026-11-28.md`).
     Drain,
 }
