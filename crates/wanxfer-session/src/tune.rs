@@ -1080,7 +1080,11 @@ impl Tuner {
             reading(&latest, m).carried_bits_per_s,
             reading(&before, &latest).carried_bits_per_s,
         );
-        let steady = (last - previous).abs() <= PATH_CHANGE * last.max(previous);
+        // And a path that carries nothing has not slowed: its streams are stalled, and
+        // a pace of nothing would hold them there.
+        let steady = last > 0.0
+            && previous > 0.0
+            && (last - previous).abs() <= PATH_CHANGE * last.max(previous);
         let overfilled = moved < -PATH_CHANGE.max(2.5 * self.spread())
             && r.loss > LOSS_BACKOFF
             && r.loss > LOSS_GROWTH * best.loss

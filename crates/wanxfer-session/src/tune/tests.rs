@@ -1442,6 +1442,9 @@ enum Overfill {
     NoLoss,
     NoQueue,
     SmallDrop,
+    /// Nothing crosses the path at all: the streams stalled (retransmission timeouts),
+    /// every segment sent is a retransmission.
+    Stalled,
 }
 
 fn slowed_path(cfg: TuneConfig, signs: Overfill, seed: u64) -> (Vec<Decision>, Duration) {
@@ -1484,6 +1487,12 @@ fn slowed_path(cfg: TuneConfig, signs: Overfill, seed: u64) -> (Vec<Decision>, D
             5 * RTT
         });
         let loss = if signs == Overfill::NoLoss { 0.0 } else { 0.25 };
+        if signs == Overfill::Stalled {
+            m.segments_sent += 100;
+            m.segments_retransmitted += 100;
+            tick_carrying(&mut tuner, &mut m, 0.0, 0.0, 0.0);
+            continue;
+        }
         // Holes repaired in bursts: acknowledged 20-200% of the rate, tick by tick.
         let acked = rate * noise.random_range(0.2..2.0);
         tick_carrying(&mut tuner, &mut m, acked, rate, loss);
@@ -1536,7 +1545,8 @@ fn a_path_that_slowed_under_bbr_streams_is_paced_while_its_queue_drains() {
 /// Without every sign of a slowed path the session is not paced for it: loss-based
 /// streams (they slow down for loss themselves), a session that cannot pace, less
 /// goodput with nothing lost (a competitor took a share), loss with the round trip at
-/// its lowest (a policer: the hold's own rule), or a dip within a path change's margin.
+/// its lowest (a policer: the hold's own rule), a dip within a path change's margin, or
+/// streams that stalled (nothing crosses the path: a pace of nothing would hold them).
 #[test]
 fn nothing_drains_without_every_sign_of_a_slowed_path() {
     let bbr = |seed| TuneConfig {
@@ -1556,6 +1566,7 @@ fn nothing_drains_without_every_sign_of_a_slowed_path() {
             (bbr(seed), Overfill::NoLoss),
             (bbr(seed), Overfill::NoQueue),
             (bbr(seed), Overfill::SmallDrop),
+            (bbr(seed), Overfill::Stalled),
         ];
         for (cfg, signs) in cases {
             let (history, _) = slowed_path(cfg.clone(), signs, seed);
