@@ -1429,6 +1429,19 @@ fn tick_carrying(tuner: &mut Tuner, m: &mut Measurement, goodput: f64, carried: 
     tick_by_hand(tuner, m, goodput, loss);
 }
 
+/// Which signs of a slowed path [`slowed_path`] shows: all of them, or all but one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Overfill {
+    All,
+    NoLoss,
+    NoQueue,
+    /// Goodput falls by less than a path change (to 85%).
+    SmallDrop,
+    /// Nothing crosses the path at all: the streams stalled (retransmission timeouts),
+    /// every segment sent is a retransmission.
+    Stalled,
+}
+
 /// How a path that slows under BBR streams looks to the tuner, issue 19's (f) through
 /// the emulator: 2 Gbit/s for 10 s, then 500 Mbit/s under a queue sized for the old
 /// rate. Until the session is paced below the new rate, the streams' stale estimates
@@ -1436,17 +1449,6 @@ fn tick_carrying(tuner: &mut Tuner, m: &mut Measurement, goodput: f64, carried: 
 /// times its lowest, and what the sockets acknowledge comes in bursts as holes are
 /// repaired, while what crosses the path is the new rate. `signs` leaves out one of
 /// those; the tuner's history is returned with the time of the drop.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Overfill {
-    All,
-    NoLoss,
-    NoQueue,
-    SmallDrop,
-    /// Nothing crosses the path at all: the streams stalled (retransmission timeouts),
-    /// every segment sent is a retransmission.
-    Stalled,
-}
-
 fn slowed_path(cfg: TuneConfig, signs: Overfill, seed: u64) -> (Vec<Decision>, Duration) {
     let mut tuner = Tuner::new(cfg);
     let mut m = Measurement {
