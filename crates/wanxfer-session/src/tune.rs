@@ -174,7 +174,7 @@ pub const PACE_MAX_STEP: f64 = 1.0;
 /// What crossed the path, as a fraction of the held count's goodput, that [`Tuner::watch`]
 /// must lose (with the other signs) before it drains: smaller than [`PATH_CHANGE`],
 /// since what crosses a full bottleneck is steady to a percent or two where the goodput
-/// a reading measures is not (through the emulator on (b), 960-970 Mbit/s sample after
+/// a reading measures is not (through the emulator on (b), 955-975 Mbit/s sample after
 /// sample for a transfer alone).
 pub const DRAIN_FALL: f64 = 0.15;
 /// What [`Tuner::watch`] judges a slowed path over, at least.
