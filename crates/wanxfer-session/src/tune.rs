@@ -1040,8 +1040,9 @@ impl Tuner {
         }
     }
 
-    /// Holding a count or probing one, at every measurement rather than a reading's end: whether BBR
-    /// streams' path slowed under them, overfilling a queue that now stands; if so,
+    /// Holding a count or probing one, at every measurement rather than a reading's end:
+    /// whether BBR streams' path slowed under them (or another transfer joined their
+    /// queue), overfilling a queue that now stands; if so,
     /// paces the session at what the path carries now (see [`Phase::Drain`]) and says
     /// so. Judged over the last [`DRAIN_WINDOW`] (or four of the path's lowest round
     /// trips, if longer) by what crossed the path, against the held count's goodput:
