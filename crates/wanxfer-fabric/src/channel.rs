@@ -299,6 +299,63 @@ pub struct Channel {
     bye_received: bool,
 }
 
+/// Marks a hello carried in the connection's set-up (see [`Opening`]).
+const OPENING_TAG: &[u8; 4] = b"WXC1";
+/// Bytes of a hello carried in the set-up: the tag, the window, the largest control
+/// message.
+const OPENING_HELLO: usize = OPENING_TAG.len() + 4 + 8;
+
+/// A side's hello as it travels in the connection request or its answer, where the
+/// provider carries data there, and after the connector's hello, its first control
+/// message.
+///
+/// Why: a hello sent as the first message costs the peer half a round trip before it
+/// may send anything counted against the window (grants, control messages), and the
+/// layer above's first message (the engine's join) another; on a 100 ms path that was a
+/// round trip of every channel's set-up. Carried in the set-up, the acceptor knows the
+/// connector's window and first message when it accepts, and its grants follow its
+/// answer. An acceptor answers in kind only to a request that carried a hello, and a
+/// connector whose answer carried none sends both as messages, as a peer that carries
+/// nothing does: either side may be older, or its provider carry no data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Opening {
+    window: u32,
+    max_len: u64,
+    first: Vec<u8>,
+}
+
+impl Opening {
+    fn hello(cfg: &ChannelConfig) -> Opening {
+        Opening {
+            window: cfg.window() as u32,
+            max_len: cfg.ctrl_max_len as u64,
+            first: Vec::new(),
+        }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(OPENING_HELLO + self.first.len());
+        out.extend_from_slice(OPENING_TAG);
+        out.extend_from_slice(&self.window.to_le_bytes());
+        out.extend_from_slice(&self.max_len.to_le_bytes());
+        out.extend_from_slice(&self.first);
+        out
+    }
+
+    /// The opening in `data`, if it holds one (anything else is a peer that carries
+    /// nothing, or something not ours: ignored, and the messages awaited).
+    fn decode(data: &[u8]) -> Option<Opening> {
+        let rest = data.strip_prefix(OPENING_TAG)?;
+        let window = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?);
+        let max_len = u64::from_le_bytes(rest.get(4..12)?.try_into().ok()?);
+        Some(Opening {
+            window,
+            max_len,
+            first: rest[12..].to_vec(),
+        })
+    }
+}
+
 impl Channel {
     /// Dials a listening peer and opens a channel.
     pub fn connect(
@@ -306,9 +363,53 @@ impl Channel {
         addr: SocketAddr,
         cfg: &ChannelConfig,
     ) -> Result<Channel> {
+        Channel::connect_opening(fabric, addr, cfg, &[])
+    }
+
+    /// As [`Channel::connect`], with `first` the channel's first control message: the
+    /// peer's first [`Event::Control`] is `first`, which travels in the connection
+    /// request where the provider has room (see [`Opening`]), else as a message.
+    pub fn connect_opening(
+        fabric: &FabricConfig,
+        addr: SocketAddr,
+        cfg: &ChannelConfig,
+        first: &[u8],
+    ) -> Result<Channel> {
         cfg.validate()?;
-        let conn = Connection::connect(fabric, addr, &cfg.conn_config(), cfg.connect_timeout)?;
-        Channel::open(conn, cfg)
+        if first.len() > cfg.ctrl_max_len {
+            return Err(Error::InvalidArgument(format!(
+                "first control message of {} bytes (limit {})",
+                first.len(),
+                cfg.ctrl_max_len
+            )));
+        }
+        let hello = Opening::hello(cfg);
+        let mut carried = false;
+        let (conn, answer) = Connection::connect_with(
+            fabric,
+            addr,
+            &cfg.conn_config(),
+            cfg.connect_timeout,
+            |room| {
+                if room < OPENING_HELLO {
+                    return Vec::new();
+                }
+                carried = room >= OPENING_HELLO + first.len();
+                let opening = Opening {
+                    first: if carried { first.to_vec() } else { Vec::new() },
+                    ..hello
+                };
+                opening.encode()
+            },
+        )?;
+        // An answer in kind says the acceptor took what the request carried.
+        let answered = Opening::decode(&answer);
+        let took_first = carried && answered.is_some();
+        let mut channel = Channel::open(conn, cfg, answered)?;
+        if !first.is_empty() && !took_first {
+            channel.send_control(first)?;
+        }
+        Ok(channel)
     }
 
     /// Accepts the next connection on `listener` and opens a channel.
@@ -324,11 +425,41 @@ impl Channel {
         request_wait: Option<Duration>,
     ) -> Result<Channel> {
         cfg.validate()?;
-        let conn = listener.accept_within(&cfg.conn_config(), request_wait, cfg.connect_timeout)?;
-        Channel::open(conn, cfg)
+        let mut in_kind = false;
+        let (conn, request) = listener.accept_with(
+            &cfg.conn_config(),
+            request_wait,
+            cfg.connect_timeout,
+            |request, room| {
+                in_kind = room >= OPENING_HELLO && Opening::decode(request).is_some();
+                if in_kind {
+                    Opening::hello(cfg).encode()
+                } else {
+                    Vec::new()
+                }
+            },
+        )?;
+        // What the request carried is taken only where answered in kind: otherwise the
+        // connector sends it all again as messages.
+        let opening = Opening::decode(&request).filter(|_| in_kind);
+        let first = opening.as_ref().map(|o| o.first.clone());
+        let mut channel = Channel::open(conn, cfg, opening)?;
+        if let Some(first) = first.filter(|f| !f.is_empty()) {
+            if first.len() > cfg.ctrl_max_len {
+                return Err(Error::Protocol(format!(
+                    "first control message of {} bytes (limit {})",
+                    first.len(),
+                    cfg.ctrl_max_len
+                )));
+            }
+            channel.events.push_back(Event::Control(first));
+        }
+        Ok(channel)
     }
 
-    fn open(conn: Connection, cfg: &ChannelConfig) -> Result<Channel> {
+    /// Opens a channel on an established connection; `peer` is the peer's hello where
+    /// it travelled in the set-up, and then this side's went there too and is not sent.
+    fn open(conn: Connection, cfg: &ChannelConfig, peer: Option<Opening>) -> Result<Channel> {
         let info = conn.provider();
         let announce = if info.remote_cq_data {
             Announce::CqData
@@ -350,9 +481,17 @@ impl Channel {
             bye_sent: false,
             bye_received: false,
         };
-        let hello = (cfg.ctrl_max_len as u64).to_le_bytes();
-        let window = cfg.window() as u32;
-        channel.send_message(Kind::Hello, window, &hello)?;
+        match peer {
+            Some(hello) => {
+                channel.window.peer = Some(u64::from(hello.window));
+                channel.window.peer_max_len = hello.max_len as usize;
+            }
+            None => {
+                let hello = (cfg.ctrl_max_len as u64).to_le_bytes();
+                let window = cfg.window() as u32;
+                channel.send_message(Kind::Hello, window, &hello)?;
+            }
+        }
         Ok(channel)
     }
 
@@ -922,6 +1061,124 @@ mod tests {
             ..Window::default()
         };
         assert!(!state.allows(Cost::Regular));
+    }
+
+    #[test]
+    fn an_opening_decodes_as_encoded_and_nothing_else_does() {
+        let opening = Opening {
+            window: 35,
+            max_len: 1024,
+            first: b"join".to_vec(),
+        };
+        assert_eq!(Opening::decode(&opening.encode()), Some(opening.clone()));
+        let hello = Opening::hello(&ChannelConfig::for_grants(16));
+        assert_eq!(hello.encode().len(), OPENING_HELLO);
+        assert_eq!(Opening::decode(&hello.encode()), Some(hello));
+        let encoded = opening.encode();
+        for cut in 0..OPENING_HELLO {
+            assert_eq!(Opening::decode(&encoded[..cut]), None, "cut at {cut}");
+        }
+        let mut other = encoded;
+        other[0] ^= 1;
+        assert_eq!(Opening::decode(&other), None);
+    }
+
+    /// A listener on loopback over the tcp provider, or `None` where there is none.
+    fn tcp_listener() -> Option<(FabricConfig, Listener)> {
+        let fabric = FabricConfig::with_provider("tcp");
+        match Listener::bind(&fabric, "127.0.0.1:0".parse().expect("literal")) {
+            Ok(listener) => Some((fabric, listener)),
+            Err(Error::ProviderUnavailable { detail, .. }) => {
+                eprintln!("SKIP: libfabric has no usable tcp provider here: {detail}");
+                None
+            }
+            Err(e) => panic!("binding a tcp listener on loopback failed: {e}"),
+        }
+    }
+
+    /// Opens a channel the way a build that carried nothing in the set-up did.
+    fn without_opening(conn: Connection, cfg: &ChannelConfig) -> Channel {
+        Channel::open(conn, cfg, None).expect("open")
+    }
+
+    /// The point of carrying the opening: once accepted, the acceptor holds the
+    /// connector's first message and may send grants at once, and the connector may
+    /// send as soon as it is connected; no hello crossed as a message either way.
+    #[test]
+    fn the_opening_travels_in_the_set_up() {
+        let Some((fabric, mut listener)) = tcp_listener() else {
+            return;
+        };
+        let addr = listener.local_addr();
+        let cfg = ChannelConfig::for_grants(4);
+        let acfg = cfg.clone();
+        let acceptor = std::thread::spawn(move || Channel::accept(&mut listener, &acfg));
+        let connector = Channel::connect_opening(&fabric, addr, &cfg, b"join").expect("connect");
+        let mut accepted = acceptor.join().expect("no panic").expect("accept");
+        for (side, ch) in [("acceptor", &accepted), ("connector", &connector)] {
+            assert_eq!(ch.window.peer, Some(cfg.window()), "{side}");
+            assert_eq!(ch.window.peer_max_len, cfg.ctrl_max_len, "{side}");
+            assert_eq!(ch.window.sent, 0, "{side} sent a hello");
+            assert!(ch.window.allows(Cost::Regular), "{side}");
+        }
+        assert_eq!(
+            accepted.events.front(),
+            Some(&Event::Control(b"join".to_vec()))
+        );
+        assert_eq!(
+            accepted.poll().expect("poll"),
+            Some(Event::Control(b"join".to_vec()))
+        );
+    }
+
+    /// Either side may be a build that carries nothing: the other then sends its hello
+    /// and first message as messages, and the first message still arrives once, first.
+    #[test]
+    fn a_side_that_carries_nothing_still_gets_the_first_message() {
+        let Some((fabric, mut listener)) = tcp_listener() else {
+            return;
+        };
+        let addr = listener.local_addr();
+        let cfg = ChannelConfig::for_grants(4);
+        // An older connector: nothing in its request, its first message sent after.
+        let acfg = cfg.clone();
+        let acceptor = std::thread::spawn(move || {
+            let ch = Channel::accept(&mut listener, &acfg);
+            (listener, ch)
+        });
+        let conn = Connection::connect(&fabric, addr, &cfg.conn_config(), cfg.connect_timeout)
+            .expect("connect");
+        let mut older = without_opening(conn, &cfg);
+        older.send_control(b"join").expect("join");
+        older.send_control(b"next").expect("next");
+        let (mut listener, accepted) = acceptor.join().expect("no panic");
+        let mut accepted = accepted.expect("accept");
+        assert_eq!(
+            accepted.wait(None).expect("wait"),
+            Some(Event::Control(b"join".to_vec()))
+        );
+        assert_eq!(
+            accepted.wait(None).expect("wait"),
+            Some(Event::Control(b"next".to_vec()))
+        );
+
+        // An older acceptor: it answers with nothing, and takes nothing from the request.
+        let acfg = cfg.clone();
+        let acceptor = std::thread::spawn(move || {
+            let conn = listener
+                .accept_within(&acfg.conn_config(), None, acfg.connect_timeout)
+                .expect("accept");
+            let mut older = without_opening(conn, &acfg);
+            let first = older.wait(None).expect("wait");
+            let second = older.wait(None).expect("wait");
+            (first, second)
+        });
+        let mut connector =
+            Channel::connect_opening(&fabric, addr, &cfg, b"join").expect("connect");
+        connector.send_control(b"next").expect("next");
+        let (first, second) = acceptor.join().expect("no panic");
+        assert_eq!(first, Some(Event::Control(b"join".to_vec())));
+        assert_eq!(second, Some(Event::Control(b"next".to_vec())));
     }
 
     /// Few slots keep the default window; many are capped where the tcp provider's

@@ -24,6 +24,7 @@ use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::net::SocketAddr;
+use std::os::fd::{BorrowedFd, FromRawFd, RawFd};
 use std::ptr;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::Arc;
@@ -367,14 +368,121 @@ impl Connection {
         cc: &ConnConfig,
         timeout: Option<Duration>,
     ) -> Result<Connection> {
+        Connection::connect_with(cfg, addr, cc, timeout, |_| Vec::new()).map(|(conn, _)| conn)
+    }
+
+    /// As [`Connection::connect`], with the connection request carrying `data(room)`,
+    /// where `room` is the most the provider carries (0 where it carries nothing); also
+    /// returns what the acceptor's answer carried. What travels there costs no round
+    /// trip of its own.
+    pub fn connect_with(
+        cfg: &FabricConfig,
+        addr: SocketAddr,
+        cc: &ConnConfig,
+        timeout: Option<Duration>,
+        data: impl FnOnce(usize) -> Vec<u8>,
+    ) -> Result<(Connection, Vec<u8>)> {
         let info = discover(cfg, Role::Connect(addr))?;
         let fabric = open_fabric(&info)?;
         let mut conn = Connection::open(fabric, &info, cc, addr.to_string())?;
-        // SAFETY: ep is enabled; dest_addr/len come from the same fi_info.
-        let ret = unsafe { sys::fi_connect(conn.ep, (*info.as_ptr()).dest_addr, ptr::null(), 0) };
+        let data = conn.checked_cm_data(data)?;
+        // SAFETY: ep is enabled; dest_addr/len come from the same fi_info; data outlives
+        // the call, which copies it.
+        let ret = unsafe {
+            sys::fi_connect(
+                conn.ep,
+                (*info.as_ptr()).dest_addr,
+                data.as_ptr().cast(),
+                data.len(),
+            )
+        };
         check_int(ret, "fi_connect").map_err(|e| conn.connect_failed(e.to_string()))?;
-        conn.await_connected(timeout)?;
-        Ok(conn)
+        let answer = conn.await_connected(timeout)?;
+        Ok((conn, answer))
+    }
+
+    /// The kernel TCP socket this connection runs over, where the provider runs over one
+    /// (tcp): `None` elsewhere, or where it cannot be told apart.
+    ///
+    /// Why: the provider takes no socket options, and a socket left as the kernel sizes it
+    /// holds every byte the provider has copied in and not sent, tens of megabytes on a
+    /// long path; bytes that wait behind a slow connection instead of going out on a
+    /// faster one. The provider hands out no handle to its socket, so it is found among
+    /// this process's descriptors by the two addresses the provider reports for the
+    /// connection, which name exactly one connected socket. Only for options that change
+    /// how much the kernel holds or how it sends, never what the provider reads or
+    /// writes.
+    pub fn kernel_socket(&self) -> Option<BorrowedFd<'_>> {
+        let (local, peer) = (self.address(false)?, self.address(true)?);
+        let fds = std::fs::read_dir("/proc/self/fd").ok()?;
+        let fd = fds
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<RawFd>().ok())
+            .find(|&fd| {
+                // SAFETY: the descriptor is only borrowed for two queries and never
+                // closed (ManuallyDrop); if it is not a socket they fail.
+                let socket =
+                    std::mem::ManuallyDrop::new(unsafe { std::net::TcpStream::from_raw_fd(fd) });
+                socket.local_addr().ok() == Some(local) && socket.peer_addr().ok() == Some(peer)
+            })?;
+        // SAFETY: the socket is the provider's for this connection's endpoint, which lives
+        // (and keeps it open) as long as `self` is borrowed.
+        Some(unsafe { BorrowedFd::borrow_raw(fd) })
+    }
+
+    /// This connection's own address, or with `peer` its peer's, as the provider reports
+    /// it (`fi_getname`, `fi_getpeer`); `None` if it does not, or not as IP.
+    fn address(&self, peer: bool) -> Option<SocketAddr> {
+        // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
+        let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of_val(&storage);
+        let out = (&mut storage as *mut libc::sockaddr_storage).cast();
+        // SAFETY: the endpoint is open; storage has `len` bytes for the provider to fill.
+        let ret = unsafe {
+            if peer {
+                sys::fi_getpeer(self.ep, out, &mut len)
+            } else {
+                sys::fi_getname(&mut (*self.ep).fid, out, &mut len)
+            }
+        };
+        if ret != 0 {
+            return None;
+        }
+        sockaddr_to_std(&storage)
+    }
+
+    /// The bytes a connection request or answer may carry on this endpoint: 0 where
+    /// the provider does not say (it then carries none).
+    fn cm_data_room(&self) -> usize {
+        let mut room = 0usize;
+        let mut len = std::mem::size_of::<usize>();
+        // SAFETY: the endpoint is open; room and len are valid for writes of a size_t.
+        let ret = unsafe {
+            sys::fi_getopt(
+                &mut (*self.ep).fid,
+                sys::FI_OPT_ENDPOINT as i32,
+                sys::FI_OPT_CM_DATA_SIZE as i32,
+                (&mut room as *mut usize).cast(),
+                &mut len,
+            )
+        };
+        if ret == 0 {
+            room
+        } else {
+            0
+        }
+    }
+
+    /// What `data` makes of this endpoint's room, refused if it does not fit.
+    fn checked_cm_data(&self, data: impl FnOnce(usize) -> Vec<u8>) -> Result<Vec<u8>> {
+        let room = self.cm_data_room();
+        let data = data(room);
+        if data.len() > room {
+            return Err(Error::InvalidArgument(format!(
+                "{} bytes of connection data where the provider carries {room}",
+                data.len()
+            )));
+        }
+        Ok(data)
     }
 
     /// Opens domain, queues and endpoint for `info`, registers the internal
@@ -455,10 +563,11 @@ impl Connection {
         Ok(BufPool { mr, size })
     }
 
-    /// Waits for FI_CONNECTED on this connection's event queue.
-    fn await_connected(&mut self, timeout: Option<Duration>) -> Result<()> {
+    /// Waits for FI_CONNECTED on this connection's event queue; returns the data it
+    /// carried.
+    fn await_connected(&mut self, timeout: Option<Duration>) -> Result<Vec<u8>> {
         match wait_cm_event(self.dom.eq, timeout, "connection establishment") {
-            Ok(CmEvent::Connected) => Ok(()),
+            Ok(CmEvent::Connected(data)) => Ok(data),
             Ok(other) => Err(self.connect_failed(format!("unexpected event {other:?}"))),
             Err(Error::Fabric { text, .. }) => Err(self.connect_failed(text)),
             Err(e) => Err(e),
@@ -996,8 +1105,10 @@ fn post_call_name(kind: OpKind) -> &'static str {
 /// A connection-management event.
 #[derive(Debug)]
 enum CmEvent {
-    ConnReq(OwnedInfo),
-    Connected,
+    /// A connection request, with the data it carried.
+    ConnReq(OwnedInfo, Vec<u8>),
+    /// Established, with the data the acceptor's answer carried (the connecting side).
+    Connected(Vec<u8>),
     Shutdown,
     Other,
 }
@@ -1023,16 +1134,24 @@ fn read_cm_event(eq: *mut sys::fid_eq, timeout_ms: i32) -> Result<Option<CmEvent
     if ret == -(sys::FI_EAVAIL as isize) {
         return Err(read_eq_error(eq));
     }
-    check(ret, "fi_eq_read")?;
+    let read = check(ret, "fi_eq_read")? as usize;
+    // What a connection event carries follows its fi_eq_cm_entry, up to the bytes read.
+    let data = || {
+        // SAFETY: buf is `size` initialised bytes, of which the provider wrote `read`.
+        let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), size) };
+        bytes
+            .get(std::mem::size_of::<sys::fi_eq_cm_entry>()..read.min(size))
+            .map_or_else(Vec::new, <[u8]>::to_vec)
+    };
     Ok(Some(match event {
         sys::FI_CONNREQ => {
             // SAFETY: a FI_CONNREQ entry is an fi_eq_cm_entry whose info we
             // now own and must free.
             let info = unsafe { (*buf.as_ptr().cast::<sys::fi_eq_cm_entry>()).info };
             // SAFETY: as above.
-            CmEvent::ConnReq(unsafe { OwnedInfo::from_raw(info) })
+            CmEvent::ConnReq(unsafe { OwnedInfo::from_raw(info) }, data())
         }
-        sys::FI_CONNECTED => CmEvent::Connected,
+        sys::FI_CONNECTED => CmEvent::Connected(data()),
         sys::FI_SHUTDOWN => CmEvent::Shutdown,
         _ => CmEvent::Other,
     }))
@@ -1173,29 +1292,48 @@ impl Listener {
         request_wait: Option<Duration>,
         timeout: Option<Duration>,
     ) -> Result<Connection> {
-        let info = loop {
+        self.accept_with(cc, request_wait, timeout, |_, _| Vec::new())
+            .map(|(conn, _)| conn)
+    }
+
+    /// As [`Listener::accept_within`], answering with `reply(request, room)`: `request`
+    /// is what the connection request carried, `room` the most the answer may carry.
+    /// Also returns `request`.
+    pub fn accept_with(
+        &mut self,
+        cc: &ConnConfig,
+        request_wait: Option<Duration>,
+        timeout: Option<Duration>,
+        reply: impl FnOnce(&[u8], usize) -> Vec<u8>,
+    ) -> Result<(Connection, Vec<u8>)> {
+        let (info, request) = loop {
             match wait_cm_event(self.eq, request_wait, "a connection request")? {
-                CmEvent::ConnReq(mut info) => {
+                CmEvent::ConnReq(mut info, request) => {
                     info.apply(&self.cfg);
-                    break info;
+                    break (info, request);
                 }
                 _ => continue,
             }
         };
-        let mut conn =
-            match Connection::open(Arc::clone(&self.fabric), &info, cc, ACCEPTED_PEER.into()) {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // SAFETY: the pep is open and handle is the request's.
-                    unsafe { sys::fi_reject(self.pep, (*info.as_ptr()).handle, ptr::null(), 0) };
-                    return Err(e);
-                }
-            };
-        // SAFETY: the endpoint is enabled with receives posted.
-        let ret = unsafe { sys::fi_accept(conn.ep, ptr::null(), 0) };
+        let opened = Connection::open(Arc::clone(&self.fabric), &info, cc, ACCEPTED_PEER.into())
+            .and_then(|conn| {
+                let answer = conn.checked_cm_data(|room| reply(&request, room))?;
+                Ok((conn, answer))
+            });
+        let (mut conn, answer) = match opened {
+            Ok(opened) => opened,
+            Err(e) => {
+                // SAFETY: the pep is open and handle is the request's.
+                unsafe { sys::fi_reject(self.pep, (*info.as_ptr()).handle, ptr::null(), 0) };
+                return Err(e);
+            }
+        };
+        // SAFETY: the endpoint is enabled with receives posted; answer outlives the
+        // call, which copies it.
+        let ret = unsafe { sys::fi_accept(conn.ep, answer.as_ptr().cast(), answer.len()) };
         check_int(ret, "fi_accept").map_err(|e| conn.connect_failed(e.to_string()))?;
         conn.await_connected(timeout)?;
-        Ok(conn)
+        Ok((conn, request))
     }
 }
 

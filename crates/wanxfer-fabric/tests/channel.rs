@@ -299,3 +299,37 @@ fn unregistered_source_memory_is_refused() {
         .expect_err("unregistered");
     assert!(matches!(err, Error::NotRegistered { .. }), "got {err:?}");
 }
+
+/// Over the tcp provider each end of a connection finds its own kernel socket: the
+/// connector's leads to the listener's address, the acceptor's comes from the connector's,
+/// and the two are different descriptors (this process holds both ends).
+#[test]
+fn each_end_finds_its_own_kernel_socket() {
+    use std::mem::ManuallyDrop;
+    use std::net::TcpStream;
+    use std::os::fd::{AsRawFd, FromRawFd};
+
+    let Some(fabric) = common::tcp() else { return };
+    let mut listener = wanxfer_fabric::Listener::bind(&fabric, common::loopback()).unwrap();
+    let addr = listener.local_addr();
+    let cfg = ChannelConfig::default();
+    let acfg = cfg.clone();
+    let acceptor = thread::spawn(move || wanxfer_fabric::Channel::accept(&mut listener, &acfg));
+    let connector = wanxfer_fabric::Channel::connect(&fabric, addr, &cfg).unwrap();
+    let accepted = acceptor.join().unwrap().unwrap();
+    let socket = |ch: &wanxfer_fabric::Channel| {
+        let fd = ch
+            .connection()
+            .kernel_socket()
+            .expect("a tcp socket")
+            .as_raw_fd();
+        // SAFETY: borrowed for two queries, never closed.
+        let s = ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(fd) });
+        (fd, s.local_addr().unwrap(), s.peer_addr().unwrap())
+    };
+    let (cfd, clocal, cpeer) = socket(&connector);
+    let (afd, alocal, apeer) = socket(&accepted);
+    assert_ne!(cfd, afd);
+    assert_eq!(cpeer.port(), addr.port());
+    assert_eq!((alocal, apeer), (cpeer, clocal));
+}

@@ -541,24 +541,33 @@ fn run_once(
         }
         _ => None,
     };
+    // libfabric's start-up (see `FabricTransport::prepare`) holds the dynamic loader's
+    // lock for 0.2 s, and every thread takes that lock as it starts: begun after the
+    // early connections' threads, it no longer holds them up. A fabric client starts both
+    // as its control connection's SYN leaves, as a pull over TCP starts its connections:
+    // the start-up takes about 0.4 s with no RDMA hardware, and each fabric channel waits
+    // for it, so on a 100 ms path it ended after the first joins had left (the first
+    // block left 0.69 s after the connect when begun once connected, 0.60 s when begun
+    // with the SYN). What it finds, the session's own discovery finds again and reports.
+    let prepare = || {
+        if let Transport::Fabric { provider } = &cfg.tuning.transport {
+            FabricTransport::prepare(provider, |_| ());
+        }
+    };
     let agreed = handshake(
         cfg,
         request.clone(),
         || {
             if pull_over_tcp {
                 early.start(cfg, tuning.streams, true, 0);
+            } else if fabric {
+                early.start(cfg, tuning.streams, false, 0);
+                prepare();
             }
         },
         || {
-            if !pull_over_tcp {
+            if !pull_over_tcp && !fabric {
                 early.start(cfg, tuning.streams, false, 1);
-            }
-            // libfabric's start-up (see `FabricTransport::prepare`) holds the dynamic
-            // loader's lock for 0.2 s, and every thread takes that lock as it starts:
-            // begun after the early connections' threads, it no longer holds them up.
-            // What it finds, the session's own discovery finds again and reports.
-            if let Transport::Fabric { provider } = &cfg.tuning.transport {
-                FabricTransport::prepare(provider, |_| ());
             }
         },
         pipeline,
@@ -658,7 +667,9 @@ fn run_once(
         // As many as the driver opens at the start (see `Driver::open_initial_links`).
         early.keep(params.streams);
         let (cfg, early) = (cfg.clone(), early.clone());
-        Arc::new(move |index| open_channel(&cfg, &session, early.take(index), index))
+        Arc::new(move |index, joining| {
+            open_channel(&cfg, &session, early.take(index), index, joining)
+        })
     };
     let setup = Setup {
         params: params.clone(),
@@ -878,11 +889,11 @@ fn authenticate(
             "a token or client certificate is sent only over TLS: drop --no-encryption".into(),
         ));
     }
-    let tcp = conn::connect_then(peer, deadline, cfg.tuning.stall_timeout, dialing)?;
-    // Drawn before `connected` starts threads: the first draw looks its system call up
-    // through the dynamic loader, whose lock a fabric client's libfabric start-up (begun
-    // there) holds for 0.2 s.
+    // Drawn before `dialing` and `connected` start threads: the first draw looks its
+    // system call up through the dynamic loader, whose lock a fabric client's libfabric
+    // start-up (begun in one of them) holds for 0.2 s.
     let nonce = random()?;
+    let tcp = conn::connect_then(peer, deadline, cfg.tuning.stall_timeout, dialing)?;
     connected();
     let mut stream = conn::secure(tcp, peer, tls, deadline)?;
     // The connect, then TLS or the plaintext greeting; the proof's answer below.
@@ -1539,12 +1550,13 @@ fn channel_join(
 /// Opens data connection `index`: connect (and TLS), read the server's greeting (its
 /// nonce, and the connection's TLS exporter, bind the join to this connection), join,
 /// wait for the server to take it. An early connection (see [`Early`]) skips to the
-/// join.
+/// join. `joining` is told the join once it has left.
 fn open_channel(
     cfg: &ClientConfig,
     session: &Session,
     early: Option<Result<EarlyChannel, Error>>,
     index: u16,
+    joining: &dyn Fn(&ChannelJoin),
 ) -> Result<Opened, Error> {
     let peer = cfg.server.as_str();
     let deadline = Deadline::after(cfg.connect_timeout);
@@ -1612,6 +1624,7 @@ fn open_channel(
             (stream, join, session.round_trips + 2)
         }
     };
+    joining(&join);
     if session.silent_joins {
         // A refused join is an error and a close, which ends the link like any loss.
         let _ = stream.set_read_timeout(None);
@@ -1619,6 +1632,7 @@ fn open_channel(
         return Ok(Opened {
             joined: Joined { stream, join },
             round_trips: ready,
+            join_left: ready,
         });
     }
     match conn::read_message_by(&mut stream, deadline, peer)? {
@@ -1628,6 +1642,7 @@ fn open_channel(
             Ok(Opened {
                 joined: Joined { stream, join },
                 round_trips: ready + 1,
+                join_left: ready,
             })
         }
         Message::Error(e) => Err(Error::remote(peer, &e)),

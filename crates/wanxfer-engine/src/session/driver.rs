@@ -27,7 +27,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
-use wanxfer_proto::{EntryKind, ErrorMsg, FailureClass, Message, SessionStatus, Stats};
+use wanxfer_proto::{
+    ChannelJoin, EntryKind, ErrorMsg, FailureClass, Message, SessionStatus, Stats,
+};
 use wanxfer_session::{
     Applied, Event as MachineEvent, Failure, Outcome as FileOutcome, Plan, ReceiverConfig,
     ReceiverMachine, ReceiverWork, SenderConfig, SenderMachine, SenderWork, SessionError,
@@ -185,8 +187,9 @@ impl EarlyManifest {
     }
 }
 
-/// Opens one more data connection for the session (client): connect, greet, join.
-pub type Opener = Arc<dyn Fn(u16) -> Result<Opened, Error> + Send + Sync>;
+/// Opens one more data connection for the session (client): connect, greet, join. The
+/// second argument is told the join once it has left, before its answer is back.
+pub type Opener = Arc<dyn Fn(u16, &dyn Fn(&ChannelJoin)) -> Result<Opened, Error> + Send + Sync>;
 
 /// A data connection the client opened and the server took.
 pub struct Opened {
@@ -195,6 +198,8 @@ pub struct Opened {
     /// server's `ChannelAccepted` (TCP and TLS of a connection opened early run beside
     /// the control connection's and are not counted twice).
     pub round_trips: u32,
+    /// Of those, the waits until the join left (the transport's own set-up starts then).
+    pub join_left: u32,
 }
 
 /// Everything a role needs, set up by the client or the server.
@@ -687,9 +692,12 @@ impl Driver {
         };
         let transport = self.setup.transport.clone();
         self.start_link(index, move || {
-            transport.begin_link();
-            let opened = opener(index)?;
-            Ok((transport.connect(opened.joined)?, opened.round_trips))
+            let opened = opener(index, &|join| transport.begin_link(join))
+                .inspect_err(|_| transport.forget_link(index))?;
+            let round_trips = opened
+                .round_trips
+                .max(opened.join_left + transport.link_round_trips());
+            Ok((transport.connect(opened.joined)?, round_trips))
         });
     }
 

@@ -13,9 +13,10 @@
 //!
 //! Why the TCP data connections stay: they are where a channel proves it belongs to the
 //! session (the same proof TCP channels use), and the fabric connection then presents
-//! that proof again as its first message, so a slot key is never granted to anyone but
-//! the authenticated client, and never outlives its session (the registrations go with
-//! the channel).
+//! that proof again as its first message (carried in its connection request where the
+//! provider carries data, see `wanxfer_fabric::Channel::connect_opening`), so a slot key
+//! is never granted to anyone but the authenticated client, and never outlives its
+//! session (the registrations go with the channel).
 //!
 //! Neither end copies a block: the sender writes from its pool buffers (registered once,
 //! cached), and the receiver's slots are pool buffers too, handed to the writers where
@@ -40,7 +41,10 @@ use wanxfer_proto::{
 };
 use wanxfer_session::negotiate::{fabric_slot_len, FABRIC_HEADER_ROOM};
 
-use super::{check_header, seg_refs, Closer, Joined, Link, LinkEvent, PumpCtx, Transport};
+use super::{
+    check_header, seg_refs, tcp_info, unsent_limit, Closer, Joined, Link, LinkEvent, PumpCtx,
+    Transport,
+};
 use crate::digest::{BlockKey, PayloadVerifier};
 use crate::fs::DIRECT_ALIGN;
 use crate::pool::{Block, Cancel, Pool, SlotArena, CANCEL_POLL};
@@ -209,7 +213,7 @@ impl FabricTransport {
                 addr,
                 channel: plan.channel_config(),
                 peer: addr.to_string(),
-                ahead: Mutex::new(VecDeque::new()),
+                ahead: Mutex::new(HashMap::new()),
             }),
             receive_key: None,
         }
@@ -275,10 +279,30 @@ impl Transport for FabricTransport {
         None
     }
 
-    fn begin_link(&self) {
+    fn begin_link(&self, join: &ChannelJoin) {
         if let Side::Client(dialer) = &self.side {
-            dialer.begin();
+            dialer.begin(join);
         }
+    }
+
+    /// The channel dialled for it closes as its dial ends (the server gives its pairing
+    /// up when the session ends, or past `MAX_UNPAIRED`).
+    fn forget_link(&self, index: u16) {
+        if let Side::Client(dialer) = &self.side {
+            dialer
+                .ahead
+                .lock()
+                .expect("no panics while held")
+                .remove(&index);
+        }
+    }
+
+    /// The channel dialled as the join left: the tcp provider's TCP handshake, then its
+    /// connection exchange, which carries the join and brings the first grants back
+    /// behind it. (A provider whose request has no room for the join takes a round trip
+    /// more, not counted: verbs, whose connection manager has more steps of its own.)
+    fn link_round_trips(&self) -> u32 {
+        2
     }
 
     fn connect(&self, joined: Joined) -> Result<Box<dyn Link>, Error> {
@@ -288,11 +312,8 @@ impl Transport for FabricTransport {
             ));
         };
         let Joined { stream, join } = joined;
-        let index = join.index;
-        let mut frame = Vec::new();
-        encode_frame(&Message::ChannelJoin(join), &mut frame);
-        let channel = dialer.joined(&frame)?;
-        Ok(self.link(channel, stream, index))
+        let channel = dialer.joined(&join)?;
+        Ok(self.link(channel, stream, join.index))
     }
 
     /// The fabric channel presents the join its data connection presented: that proof is
@@ -317,20 +338,23 @@ impl Transport for FabricTransport {
     }
 }
 
-/// The client's fabric channels to one session's listener, dialled ahead of their links.
+/// The client's fabric channels to one session's listener, each dialled as soon as its
+/// data connection's join has left.
 ///
-/// Why dial ahead: a fabric channel's connect is a TCP handshake and the provider's own
-/// (two round trips with the tcp provider), and its data connection's join waits a round
-/// trip for its answer; one after the other, every link started two round trips later
-/// than it had to. A channel is anyone's until it presents a join, so a link takes
-/// whichever was dialled first.
+/// Why then: a fabric channel presents that join, and carries it in its connection
+/// request (`Channel::connect_opening`), so the server pairs the channel as it accepts
+/// it and grants slots right behind its answer. The channel's connect (a TCP handshake
+/// and the provider's own exchange with the tcp provider) then overlaps the wait for the
+/// join's answer, and the first grants arrive with the connection: through the emulator
+/// at 100 ms the first write left a round trip earlier than when the channel was dialled
+/// ahead and joined by a message once connected.
 struct Dialer {
     provider: String,
     addr: SocketAddr,
     channel: ChannelConfig,
     peer: String,
-    /// Channels being dialled, oldest first.
-    ahead: Mutex<VecDeque<Receiver<Result<Channel, Error>>>>,
+    /// Channels being dialled, by the index of the join they carry.
+    ahead: Mutex<HashMap<u16, Receiver<Result<Channel, Error>>>>,
 }
 
 impl Dialer {
@@ -339,50 +363,54 @@ impl Dialer {
         addr: SocketAddr,
         channel: &ChannelConfig,
         peer: &str,
+        join: &ChannelJoin,
     ) -> Result<Channel, Error> {
-        Channel::connect(&fabric_config(provider), addr, channel)
+        let mut frame = Vec::new();
+        encode_frame(&Message::ChannelJoin(*join), &mut frame);
+        Channel::connect_opening(&fabric_config(provider), addr, channel, &frame)
             .map_err(|e| fabric_error(peer, "connecting a fabric channel to", e))
     }
 
-    /// Starts dialling one channel on a thread of its own.
-    fn begin(&self) {
+    /// Starts dialling the channel that presents `join`, on a thread of its own.
+    fn begin(&self, join: &ChannelJoin) {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        let (provider, addr, channel, peer) = (
+        let (provider, addr, channel, peer, join) = (
             self.provider.clone(),
             self.addr,
             self.channel.clone(),
             self.peer.clone(),
+            *join,
         );
         let spawned = std::thread::Builder::new()
             .name("wanxfer-fdial".into())
             .spawn(move || {
-                let _ = tx.send(Self::dial(&provider, addr, &channel, &peer));
+                let _ = tx.send(Self::dial(&provider, addr, &channel, &peer, &join));
             });
         if spawned.is_ok() {
             self.ahead
                 .lock()
                 .expect("no panics while held")
-                .push_back(rx);
+                .insert(join.index, rx);
         }
     }
 
-    /// A channel that took the join `frame`: the oldest dialled ahead, if it connected
-    /// and takes it, else one dialled now (one dialled ahead may have died since, as a
-    /// cut ends every connection).
-    fn joined(&self, frame: &[u8]) -> Result<Channel, Error> {
-        let ahead = self.ahead.lock().expect("no panics while held").pop_front();
-        let ready = ahead
-            .and_then(|rx| rx.recv().ok())
-            .and_then(|dialled| dialled.ok())
-            .and_then(|mut channel| channel.send_control(frame).is_ok().then_some(channel));
-        if let Some(channel) = ready {
-            return Ok(channel);
+    /// The channel that presented `join`: the one dialled for it, if that connected,
+    /// else one dialled now (no thread to dial it, or its dial failed: a retry costs
+    /// only the set-up).
+    fn joined(&self, join: &ChannelJoin) -> Result<Channel, Error> {
+        let ahead = self
+            .ahead
+            .lock()
+            .expect("no panics while held")
+            .remove(&join.index);
+        match ahead.and_then(|rx| rx.recv().ok()) {
+            Some(Ok(channel)) => Ok(channel),
+            Some(Err(e)) => {
+                tracing::debug!("{}: dialling a fabric channel again: {e}", self.peer);
+                Self::dial(&self.provider, self.addr, &self.channel, &self.peer, join)
+            }
+            None => Self::dial(&self.provider, self.addr, &self.channel, &self.peer, join),
         }
-        let mut channel = Self::dial(&self.provider, self.addr, &self.channel, &self.peer)?;
-        channel
-            .send_control(frame)
-            .map_err(|e| fabric_error(&self.peer, "joining a fabric channel at", e))?;
-        Ok(channel)
     }
 }
 
@@ -440,12 +468,15 @@ impl Pairing {
 }
 
 /// Fabric channels whose joins are awaited at once, each on a thread of its own; past
-/// this, the acceptor waits for a join itself before it accepts the next channel.
+/// this, the acceptor waits for a join itself before it accepts the next channel. A join
+/// carried in the connection request is there when the channel is accepted; these
+/// threads are for joins sent as messages (a provider with no room in its request, an
+/// older client).
 ///
-/// Why not one at a time: a channel's join arrives a round trip after its connect, so
-/// waiting for each before accepting the next opened a session's channels one round
-/// trip apart (through the emulator at 100 ms, the fourth of four started writing 0.3
-/// s after the first; at 200 ms it would be 0.6 s, and every channel the tuner adds
+/// Why not one at a time: a join sent as a message arrives a round trip after its
+/// connect, so waiting for each before accepting the next opened a session's channels one
+/// round trip apart (through the emulator at 100 ms, the fourth of four started writing
+/// 0.3 s after the first; at 200 ms it would be 0.6 s, and every channel the tuner adds
 /// queues behind the others' joins).
 const MAX_JOINING: usize = 16;
 
@@ -578,8 +609,11 @@ impl Link for FabricLink {
             channel,
             plan,
             peer,
+            max_payload,
+            index,
             ..
         } = *self;
+        bound_unsent(&channel, max_payload, index, &peer);
         send_blocks(channel, plan, &queue, ctx, &peer)
     }
 
@@ -597,6 +631,21 @@ impl Link for FabricLink {
         };
         let FabricLink { channel, peer, .. } = *self;
         recv_blocks(channel, &limits, &out, ctx, &peer)
+    }
+}
+
+/// Bounds what the kernel socket under a sending channel keeps unsent, as a TCP link's
+/// is bounded ([`unsent_limit`]), where the provider runs over one (tcp); see
+/// [`posted_cap`] for why. Through the emulator on path (b), 12 runs each with the bound
+/// set for the whole namespace and without: the slowest 3.76 s against 3.96 s (two of
+/// twelve). A connection that slow still holds two blocks and its socket's two: 2 runs
+/// of 16 with this build took 3.9-4.2 s where the rest took 3.5-3.85.
+fn bound_unsent(channel: &Channel, max_payload: usize, index: u16, peer: &str) {
+    let Some(socket) = channel.connection().kernel_socket() else {
+        return;
+    };
+    if let Err(e) = tcp_info::set_unsent_limit(&socket, unsent_limit(max_payload)) {
+        tracing::warn!("fabric channel {index} to {peer}: limiting its unsent bytes: {e}");
     }
 }
 
@@ -684,6 +733,35 @@ struct FabricSender<'p> {
     headers: AlignedBuf,
     header_len: usize,
     free_headers: Vec<usize>,
+    /// Most writes posted and not complete (see [`posted_cap`]).
+    posted_cap: usize,
+}
+
+/// Writes a sending channel keeps posted at once where its provider completes a write as
+/// soon as the bytes are in a kernel socket (the tcp provider, unless asked for delivery
+/// completion, which block announcement by CQ data does not need).
+const SOCKET_POSTED: usize = 2;
+
+/// Writes a sending channel over `provider` may have posted at once, with `slots` granted.
+///
+/// Why fewer than its credits over the tcp provider: there a write completes once the
+/// provider has copied it into the connection's socket, so the socket, whose buffer the
+/// kernel grows with the connection's window, holds what is on the path; writes posted
+/// beyond it wait in the provider's queue, committed to that one connection. A session's
+/// connections do not leave their start-up alike: on path (b) (100 ms, 1 Gbit/s, 0.01%
+/// loss) one of eight sometimes carried 60-100 Mbit/s for seconds, and the blocks it held
+/// (every slot: 20 MiB at 4 MiB blocks) arrived a second after the others had emptied
+/// the queue. With two posted, one being copied and one behind it, the socket never
+/// waits for a post, and a slow connection holds only those (with [`bound_unsent`],
+/// which bounds its socket). On RDMA hardware a write completes when the peer has it, so
+/// every slot may be on the wire.
+fn posted_cap(provider: &str, slots: u32) -> usize {
+    let slots = slots as usize;
+    if provider == "tcp" {
+        slots.min(SOCKET_POSTED)
+    } else {
+        slots
+    }
 }
 
 impl<'p> FabricSender<'p> {
@@ -697,6 +775,7 @@ impl<'p> FabricSender<'p> {
         unsafe { channel.register_raw(headers.as_mut_ptr(), headers.len(), Access::WRITE_SOURCE) }
             .map_err(|e| fabric_error(peer, "registering send buffers for", e))?;
         Ok(FabricSender {
+            posted_cap: posted_cap(&channel.provider().provider, plan.slots),
             channel,
             peer,
             credits: VecDeque::new(),
@@ -708,7 +787,9 @@ impl<'p> FabricSender<'p> {
     }
 
     fn can_write(&self) -> bool {
-        !self.credits.is_empty() && !self.free_headers.is_empty()
+        !self.credits.is_empty()
+            && !self.free_headers.is_empty()
+            && self.in_flight.len() < self.posted_cap
     }
 
     fn take_events(&mut self, ctx: &PumpCtx) -> Result<(), Error> {
@@ -1068,6 +1149,16 @@ mod tests {
         block.space()[at] ^= 0x20;
         take_block_in_place(&mut block, len, &limits(), "peer").unwrap();
         assert_eq!(block.damaged, [true]);
+    }
+
+    /// Over the tcp provider a channel posts two writes at most, whatever its slots; over
+    /// a provider whose writes complete at the peer, every slot may be posted.
+    #[test]
+    fn only_the_tcp_provider_keeps_writes_back_from_its_slots() {
+        assert_eq!(posted_cap("tcp", 5), SOCKET_POSTED);
+        assert_eq!(posted_cap("tcp", 1), 1);
+        assert_eq!(posted_cap("verbs", 5), 5);
+        assert_eq!(posted_cap("verbs;ofi_rxm", 17), 17);
     }
 
     /// A whole file in one block goes unpadded: it is never written direct.

@@ -72,6 +72,25 @@ pub struct PumpCtx {
     pub peer: String,
 }
 
+/// Bytes a sending link's socket may keep queued and not yet sent: two blocks, at least
+/// 1 MiB, so that its writer, woken when half have left, always finds the kernel a
+/// block ahead.
+///
+/// Why a limit: unbounded, the kernel grows a socket's send buffer with its window, and
+/// each of (f)'s sockets (`bench/tuning.py`, 2 Gbit/s at 50 ms) held 40-65 MB it had not
+/// sent, beside what was in flight (`ss -tin` through `wanxfer-emu`). Blocks written
+/// there belong to that socket: a stream the tuner retires must still send them all, at
+/// its share of the path, before it is gone (1-2 s, while the tuner measured the count
+/// it had left), and a stream slowed by loss keeps blocks that a faster one could send.
+/// Held back, they wait in the session's queue, where whichever channel has room takes
+/// the next. Fabric channels over the tcp provider get the same bound on the provider's
+/// socket (`fabric::bound_unsent`).
+fn unsent_limit(block_size: usize) -> u32 {
+    u32::try_from(block_size.saturating_mul(2))
+        .unwrap_or(u32::MAX)
+        .max(1 << 20)
+}
+
 /// One way of moving blocks: sets links up from joined data connections.
 pub trait Transport: Send + Sync {
     fn kind(&self) -> TransportKind;
@@ -87,10 +106,21 @@ pub trait Transport: Send + Sync {
     /// session's agreed numbers); `None` where each link brings its own receive memory.
     fn receive_pool(&self, buffers: usize, block_size: usize) -> Option<Pool>;
 
-    /// Client: starts what a link needs besides its data connection, so that it
-    /// overlaps that connection's opening and join; the next [`Transport::connect`]
-    /// takes it up. Nothing by default.
-    fn begin_link(&self) {}
+    /// Client: starts what a link needs besides its data connection, once that
+    /// connection's `join` has left, so that it overlaps the wait for the join's answer;
+    /// the [`Transport::connect`] with that join takes it up. Nothing by default.
+    fn begin_link(&self, _join: &ChannelJoin) {}
+
+    /// Client: link `index` will not be connected (its data connection failed after its
+    /// join left): what [`Transport::begin_link`] started for it goes. Nothing by default.
+    fn forget_link(&self, _index: u16) {}
+
+    /// Client: the round trips a link waits after its data connection's join has left
+    /// before its first block may (`setup_round_trips` in `--json` counts them). None by
+    /// default: a TCP link's blocks follow its join.
+    fn link_round_trips(&self) -> u32 {
+        0
+    }
 
     /// Client: a link over a joined data connection.
     fn connect(&self, joined: Joined) -> Result<Box<dyn Link>, Error>;

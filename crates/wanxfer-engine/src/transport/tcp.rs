@@ -23,8 +23,8 @@ use wanxfer_proto::{BlockHeader, Segment, TransportKind};
 
 use super::zerocopy::{self, InFlight};
 use super::{
-    check_header, pump_in, pump_out, tcp_info, BlockRx, BlockTx, Closer, Joined, Link, PumpCtx,
-    Transport,
+    check_header, pump_in, pump_out, tcp_info, unsent_limit, BlockRx, BlockTx, Closer, Joined,
+    Link, PumpCtx, Transport,
 };
 use crate::digest::{BlockKey, PayloadVerifier, IN_CACHE_PIECE_BYTES};
 use crate::pool::{Block, Cancel, FileRange, Pool};
@@ -81,24 +81,6 @@ impl TcpTransport {
             closer,
         }))
     }
-}
-
-/// Bytes a sending link's socket may keep queued and not yet sent: two blocks, at least
-/// 1 MiB, so that its writer, woken when half have left, always finds the kernel a
-/// block ahead.
-///
-/// Why a limit: unbounded, the kernel grows a socket's send buffer with its window, and
-/// each of (f)'s sockets (`bench/tuning.py`, 2 Gbit/s at 50 ms) held 40-65 MB it had not
-/// sent, beside what was in flight (`ss -tin` through `wanxfer-emu`). Blocks written
-/// there belong to that socket: a stream the tuner retires must still send them all, at
-/// its share of the path, before it is gone (1-2 s, while the tuner measured the count
-/// it had left), and a stream slowed by loss keeps blocks that a faster one could send.
-/// Held back, they wait in the session's queue, where whichever channel has room takes
-/// the next.
-fn unsent_limit(block_size: usize) -> u32 {
-    u32::try_from(block_size.saturating_mul(2))
-        .unwrap_or(u32::MAX)
-        .max(1 << 20)
 }
 
 struct TcpLink {
