@@ -92,7 +92,19 @@ impl Error {
         }
     }
 
+    /// A connection that failed: a network error, unless a TLS record on it failed
+    /// authentication. That is a connection altered on the path (corruption TCP's
+    /// checksum missed, or tampering), which no retry over the same path fixes, reported
+    /// as a protocol error as an altered data channel's is.
     pub fn network(context: &'static str, peer: impl Display, source: io::Error) -> Self {
+        if altered_on_the_path(&source) {
+            return Error::Protocol {
+                peer: peer.to_string(),
+                detail: format!(
+                    "{context} it: a TLS record failed authentication, so the connection                      was altered on the path ({source})"
+                ),
+            };
+        }
         Error::Network {
             peer: peer.to_string(),
             context,
@@ -183,6 +195,15 @@ impl Error {
 
 /// "Broken pipe" and "Connection reset by peer" are what a vanished peer looks like from
 /// whichever socket noticed first; say so in words an operator acts on.
+/// Whether `e` is rustls refusing a record that failed authentication (it wraps its
+/// error in `InvalidData`).
+fn altered_on_the_path(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::InvalidData
+        && e.get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .is_some_and(|tls| matches!(tls, rustls::Error::DecryptError))
+}
+
 fn explain_lost_connection(e: io::Error) -> io::Error {
     use io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
     match e.kind() {
@@ -205,6 +226,28 @@ pub(crate) fn count_of(n: u64, noun: &str) -> String {
 #[cfg(test)]
 mod plural_tests {
     use super::*;
+
+    /// A TLS record that fails authentication on a connection (the corruption test in
+    /// `tests/wan.rs` met it on the control connection) is the path altering it, not the
+    /// network failing: a protocol error, which is not retried. Anything else stays a
+    /// network error.
+    #[test]
+    fn a_record_failing_authentication_is_not_a_network_error() {
+        let altered = io::Error::new(io::ErrorKind::InvalidData, rustls::Error::DecryptError);
+        let e = Error::network("receiving from", "peer:1", altered);
+        assert!(matches!(e, Error::Protocol { .. }), "{e}");
+        assert_eq!(e.class(), ErrorClass::Protocol);
+        assert!(e.to_string().contains("altered on the path"), "{e}");
+        let other = io::Error::new(
+            io::ErrorKind::InvalidData,
+            rustls::Error::FailedToGetCurrentTime,
+        );
+        let reset = io::Error::from(io::ErrorKind::ConnectionReset);
+        for source in [other, reset] {
+            let e = Error::network("receiving from", "peer:1", source);
+            assert!(matches!(e, Error::Network { .. }), "{e}");
+        }
+    }
 
     /// Issue 21 item 6: "1 files" and "file(s)" in what users read.
     #[test]
