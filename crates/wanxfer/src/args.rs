@@ -38,7 +38,7 @@ Exit codes:
   2  usage: bad flags or arguments
   3  authentication failed (secret mismatch)
   4  network: cannot connect, or the peer went away
-  5  protocol: the peer sent something malformed
+  5  protocol: the peer sent something malformed, or the path altered a TLS record
   6  integrity: a checksum or digest did not match
   7  local I/O: reading or writing a local file failed (disk full, permissions)
   8  remote: the server refused (path outside its root, missing) or failed on its side";
