@@ -200,6 +200,7 @@ def wanxfer(path, size, flags, timeout=3600, progress=False, tool="wanxfer"):
         "server_cpu_s": r["peer_cpu_user_s"] + r["peer_cpu_sys_s"],
         "streams": r["streams"],
         "channels": len(r.get("channels") or []),
+        "channels_cut": r.get("channels_cut", 0),
         "decisions": tuning.get("decisions"),
         "min_rtt_ms": tuning.get("min_rtt_ms"),
         "emu": emu_summary(report),

@@ -31,6 +31,7 @@ pub mod negotiate;
 pub mod plan;
 mod receiver;
 mod sender;
+pub mod tail;
 pub mod tune;
 
 use std::collections::VecDeque;

@@ -23,7 +23,8 @@ pub struct ReceiverConfig {
     /// for ever).
     pub idle_timeout: Option<Duration>,
     /// Report a channel's count once this many blocks arrived on it since the last
-    /// report (the sender's ledger shrinks as it learns).
+    /// report (the sender's ledger shrinks as it learns), or once it has been quiet for
+    /// [`QUIET_REPORT`] with blocks unreported.
     pub status_every: u64,
     /// The session marks link targets (`features::LINK_TARGETS` with
     /// `PRESERVE_HARDLINKS`): a link to an unmarked entry of its frame is refused here.
@@ -71,6 +72,8 @@ struct RecvFile {
     applying: bool,
     /// Waiting for data (counted against the window).
     waiting: bool,
+    /// The sender could not read it, and said so while it was still being applied.
+    failed: Option<Failure>,
 }
 
 #[derive(Debug, Default)]
@@ -78,7 +81,15 @@ struct Channel {
     received: u64,
     reported: u64,
     closed: bool,
+    /// When its last block arrived.
+    last_at: Option<Instant>,
 }
+
+/// How long a channel with blocks not yet reported may stay quiet before its count goes
+/// out anyway: at the end of a session the sender tells a channel that is done from one
+/// still delivering by its count (`SenderMachine::cut_stragglers`), and a count held
+/// back until the next `status_every` blocks would never come.
+pub const QUIET_REPORT: Duration = Duration::from_millis(50);
 
 /// The receiving side of a session.
 #[derive(Debug)]
@@ -145,6 +156,7 @@ impl ReceiverMachine {
                             held_ranges: Vec::new(),
                             applying: true,
                             waiting: false,
+                            failed: None,
                         },
                     );
                     self.applying += 1;
@@ -213,15 +225,21 @@ impl ReceiverMachine {
                 if f.id >= self.next_id {
                     return Err(protocol(format!("file id {} was never announced", f.id)));
                 }
-                if self.files.get(&f.id).is_some_and(|file| file.waiting) {
-                    self.work.push_back(ReceiverWork::Abandon { id: f.id });
-                    let failure = Failure {
-                        class: f.class,
-                        offset: f.offset,
-                        message: String::from_utf8_lossy(&f.message).into_owned(),
-                        remote: true,
-                    };
-                    self.resolve(f.id, Outcome::Failed(failure));
+                let failure = Failure {
+                    class: f.class,
+                    offset: f.offset,
+                    message: String::from_utf8_lossy(&f.message).into_owned(),
+                    remote: true,
+                };
+                match self.files.get_mut(&f.id) {
+                    Some(file) if file.waiting => {
+                        self.work.push_back(ReceiverWork::Abandon { id: f.id });
+                        self.resolve(f.id, Outcome::Failed(failure));
+                    }
+                    // Right behind its entry (the sender's read failed at once): settled
+                    // once the entry is applied, or it would wait for data for ever.
+                    Some(file) if file.applying => file.failed = Some(failure),
+                    _ => {}
                 }
                 Ok(())
             }
@@ -246,11 +264,20 @@ impl ReceiverMachine {
         };
         file.applying = false;
         self.applying -= 1;
+        let kind = file.kind;
+        if let (Some(failure), Applied::Pending | Applied::Held(_)) = (file.failed.take(), &result)
+        {
+            // Nothing will come for it: the sender already gave it up.
+            self.work.push_back(ReceiverWork::Abandon { id });
+            self.resolve(id, Outcome::Failed(failure));
+            self.maybe_ack_manifest();
+            return Ok(());
+        }
         match result {
             Applied::Done => self.resolve(id, Outcome::Done),
             Applied::UpToDate => self.resolve(id, Outcome::UpToDate),
             Applied::Failed(failure) => self.fail(id, failure),
-            Applied::Held(_) if file.kind != EntryKind::File => {
+            Applied::Held(_) if kind != EntryKind::File => {
                 debug_assert!(false, "only files hold data");
             }
             Applied::Pending => self.wait_for_data(id)?,
@@ -383,6 +410,7 @@ impl ReceiverMachine {
         let resolved = self.all_resolved();
         let channel = self.channels.entry(index).or_default();
         channel.received += 1;
+        channel.last_at = Some(now);
         if resolved {
             // Nothing will be sent again, so the sender has no use for the count, and
             // the session is ending: a report now would keep this side from being done
@@ -451,6 +479,19 @@ impl ReceiverMachine {
     }
 
     pub fn handle_timeout(&mut self, now: Instant) -> Result<(), SessionError> {
+        if !self.all_resolved() {
+            for (index, channel) in &mut self.channels {
+                let quiet = channel.last_at.is_some_and(|at| at + QUIET_REPORT <= now);
+                if quiet && !channel.closed && channel.received > channel.reported {
+                    channel.reported = channel.received;
+                    self.link.send(Message::ChannelStatus {
+                        index: *index,
+                        received: channel.received,
+                        closed: false,
+                    });
+                }
+            }
+        }
         self.link.handle_timeout(now)
     }
 
@@ -472,7 +513,18 @@ impl ReceiverMachine {
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.link.poll_timeout()
+        let quiet = self
+            .channels
+            .values()
+            .filter(|c| !c.closed && c.received > c.reported)
+            .filter_map(|c| c.last_at)
+            .min()
+            .filter(|_| !self.all_resolved())
+            .map(|at| at + QUIET_REPORT);
+        [self.link.poll_timeout(), quiet]
+            .into_iter()
+            .flatten()
+            .min()
     }
 }
 
@@ -738,6 +790,32 @@ mod tests {
         );
     }
 
+    /// A count held back for the next few blocks goes out once the channel has been
+    /// quiet a while: at the end no more blocks come to carry it.
+    #[test]
+    fn a_quiet_channels_count_goes_out_anyway() {
+        let now = Instant::now();
+        let mut m = ReceiverMachine::new(cfg(), now);
+        m.channel_opened(3);
+        m.block_received(now, 3);
+        assert!(drain(&mut m, now).is_empty());
+        let due = m.poll_timeout().expect("a report is due");
+        assert!(due <= now + QUIET_REPORT, "{due:?}");
+        m.handle_timeout(now + QUIET_REPORT).unwrap();
+        assert_eq!(
+            drain(&mut m, now + QUIET_REPORT),
+            vec![Message::ChannelStatus {
+                index: 3,
+                received: 1,
+                closed: false
+            }]
+        );
+        // Once reported, nothing is due for it.
+        assert!(m
+            .poll_timeout()
+            .is_none_or(|at| at > now + QUIET_REPORT * 2));
+    }
+
     /// Found by the simulation (tests/sim.rs): a block for a file that had already failed
     /// arrived after the client's `Finish`; its count, queued behind a full writer, kept
     /// the client from being done when the server's `Stats` came.
@@ -768,6 +846,40 @@ mod tests {
         m.handle_message(now, Message::Stats(Stats::default()))
             .unwrap();
         assert!(m.is_done());
+    }
+
+    /// Found by the simulation (seed 25835, beyond the range CI runs): a file the sender
+    /// could not read, failed right behind its entry while this side was still applying
+    /// it, was waited for until the session timed out.
+    #[test]
+    fn a_file_failed_while_it_is_applied_is_not_waited_for() {
+        let now = Instant::now();
+        let mut m = ReceiverMachine::new(cfg(), now);
+        m.handle_message(now, manifest(0, vec![entry("f", EntryKind::File, 9)]))
+            .unwrap();
+        m.handle_message(
+            now,
+            Message::FileFailed(FileFailed {
+                id: 0,
+                class: wanxfer_proto::FailureClass::Io,
+                offset: 0,
+                message: b"permission denied".to_vec(),
+            }),
+        )
+        .unwrap();
+        assert!(std::iter::from_fn(|| m.poll_work())
+            .all(|w| !matches!(w, ReceiverWork::Abandon { .. })));
+        m.applied(0, Applied::Pending).unwrap();
+        assert_eq!(m.poll_work(), Some(ReceiverWork::Abandon { id: 0 }));
+        assert!(!m.is_waiting(0));
+        match m.poll_event() {
+            Some(Event::Resolved {
+                id: 0,
+                outcome: Outcome::Failed(f),
+                ..
+            }) => assert!(f.remote && f.message.contains("permission"), "{f:?}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

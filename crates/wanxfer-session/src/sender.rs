@@ -13,6 +13,7 @@ use wanxfer_proto::{
 
 use crate::coverage::Coverage;
 use crate::plan::{Plan, Planner, SegRef};
+use crate::tail::{self, Confirmations, TailChannel};
 use crate::{name, protocol, Event, Failure, Link, Outcome, SessionError};
 
 /// What a sending side agreed on.
@@ -79,6 +80,14 @@ struct Ledger {
     received: u64,
     /// Blocks sent and not yet confirmed: their index on the channel and their segments.
     pending: VecDeque<(u64, Vec<SegRef>)>,
+    /// Payload bytes of blocks the channel took and has not yet reported sent or unsent
+    /// (a TCP write waiting for room in its socket).
+    in_hand: u64,
+    /// Since when it has held blocks without a break (see [`Ledger::held`]).
+    busy_since: Option<Instant>,
+    /// Payload bytes of the blocks the receiver confirmed, and lately when.
+    confirmed_bytes: u64,
+    confirmations: Confirmations,
 }
 
 /// Most unconfirmed blocks one channel may hold in the ledger: a receiver that never
@@ -92,18 +101,34 @@ impl Ledger {
             sent: 0,
             received: 0,
             pending: VecDeque::new(),
+            in_hand: 0,
+            busy_since: None,
+            confirmed_bytes: 0,
+            confirmations: Confirmations::default(),
         }
     }
 
-    fn trim(&mut self) {
+    fn trim(&mut self, now: Instant) {
         while self
             .pending
             .front()
             .is_some_and(|(index, _)| *index < self.received)
         {
-            self.pending.pop_front();
+            if let Some((_, segments)) = self.pending.pop_front() {
+                self.confirmed_bytes += payload(&segments);
+            }
         }
+        self.confirmations.confirmed(now, self.confirmed_bytes);
     }
+
+    /// Payload bytes it holds: taken and not sent yet, or sent and not confirmed.
+    fn held(&self) -> u64 {
+        self.in_hand + self.pending.iter().map(|(_, s)| payload(s)).sum::<u64>()
+    }
+}
+
+fn payload(segments: &[SegRef]) -> u64 {
+    segments.iter().map(|s| u64::from(s.len)).sum()
 }
 
 /// About what `entry` adds to a manifest frame, for batching.
@@ -132,6 +157,10 @@ pub struct SenderMachine {
     channels: BTreeMap<u16, Ledger>,
     /// Notes passed on so far.
     notes: usize,
+    /// Payload bytes of every read handed out, and of the blocks the channels took (see
+    /// [`Self::cut_stragglers`]).
+    planned_bytes: u64,
+    taken_bytes: u64,
 }
 
 impl SenderMachine {
@@ -151,6 +180,8 @@ impl SenderMachine {
             work: VecDeque::new(),
             channels: BTreeMap::new(),
             notes: 0,
+            planned_bytes: 0,
+            taken_bytes: 0,
         }
     }
 
@@ -330,7 +361,7 @@ impl SenderMachine {
                 index,
                 received,
                 closed,
-            } => self.channel_status(index, received, closed),
+            } => self.channel_status(now, index, received, closed),
             other => Err(protocol(format!(
                 "unexpected {} from the receiver",
                 name(&other)
@@ -505,9 +536,21 @@ impl SenderMachine {
         self.channels.entry(index).or_insert_with(Ledger::new);
     }
 
+    /// Channel `index` took a block of `payload` bytes to send: [`Self::block_sent`] or
+    /// [`Self::block_unsent`] follows.
+    pub fn block_taken(&mut self, now: Instant, index: u16, payload: u64) {
+        self.taken_bytes += payload;
+        let ledger = self.channels.entry(index).or_insert_with(Ledger::new);
+        if ledger.held() == 0 {
+            ledger.busy_since = Some(now);
+        }
+        ledger.in_hand += payload;
+    }
+
     /// A block holding `segments` went out whole on channel `index`.
     pub fn block_sent(&mut self, index: u16, segments: Vec<SegRef>) -> Result<(), SessionError> {
         let ledger = self.channels.entry(index).or_insert_with(Ledger::new);
+        ledger.in_hand = ledger.in_hand.saturating_sub(payload(&segments));
         let at = ledger.sent;
         ledger.sent += 1;
         if at < ledger.received {
@@ -528,9 +571,12 @@ impl SenderMachine {
         Ok(())
     }
 
-    /// A block could not be sent at all (its channel failed first): send it again on
-    /// another.
-    pub fn block_unsent(&mut self, segments: Vec<SegRef>) {
+    /// A block could not be sent at all on channel `index` (it failed first): send it
+    /// again on another.
+    pub fn block_unsent(&mut self, index: u16, segments: Vec<SegRef>) {
+        if let Some(ledger) = self.channels.get_mut(&index) {
+            ledger.in_hand = ledger.in_hand.saturating_sub(payload(&segments));
+        }
         self.requeue(segments);
     }
 
@@ -558,6 +604,7 @@ impl SenderMachine {
 
     fn channel_status(
         &mut self,
+        now: Instant,
         index: u16,
         received: u64,
         closed: bool,
@@ -573,7 +620,7 @@ impl SenderMachine {
             )));
         }
         ledger.received = received;
-        ledger.trim();
+        ledger.trim(now);
         if closed {
             ledger.state = ChannelState::Closed;
             let lost: Vec<SegRef> = ledger.pending.drain(..).flat_map(|(_, s)| s).collect();
@@ -602,6 +649,51 @@ impl SenderMachine {
         }
         self.planner.flush(&mut plans);
         self.work.extend(plans.into_iter().map(SenderWork::Read));
+    }
+
+    /// Once every read has been handed out and the channels have taken all of it
+    /// (reported with [`Self::block_taken`]), drops the channels still holding blocks
+    /// that the idle ones would send again sooner than they would deliver them (see
+    /// [`crate::tail`]). The receiver answers
+    /// each drop with its count, as for a dead channel, and the rest is sent again. The
+    /// caller stops the dropped channels taking blocks (without opening others).
+    pub fn cut_stragglers(&mut self, now: Instant, rtt: Duration) -> Vec<u16> {
+        if !self.in_tail() {
+            return Vec::new();
+        }
+        let open: Vec<TailChannel> = self
+            .channels
+            .iter()
+            .filter(|(_, l)| l.state == ChannelState::Open)
+            .map(|(index, l)| TailChannel {
+                index: *index,
+                held: l.held(),
+                busy_since: l.busy_since.unwrap_or(now),
+                confirmations: &l.confirmations,
+            })
+            .collect();
+        let cut = tail::stragglers(&open, rtt, now);
+        for index in &cut {
+            if let Some(ledger) = self.channels.get_mut(index) {
+                ledger.state = ChannelState::Dropping;
+                self.link.send(Message::DropChannel { index: *index });
+            }
+        }
+        cut
+    }
+
+    /// The tail of the session: every entry announced and acknowledged, every read
+    /// handed out and taken by a channel (reported with [`Self::block_taken`]), no file
+    /// being verified. What remains is the blocks the channels hold; until one is cut
+    /// or lost, more channels would have nothing to carry.
+    pub fn in_tail(&self) -> bool {
+        self.end_sent
+            && !self.files.is_empty()
+            && self.batch.is_empty()
+            && self.awaiting_ack.is_empty()
+            && self.work.is_empty()
+            && self.taken_bytes >= self.planned_bytes
+            && self.files.values().all(|f| !f.verifying)
     }
 
     /// Whether channel `index` is still expected to carry blocks.
@@ -658,7 +750,11 @@ impl SenderMachine {
     }
 
     pub fn poll_work(&mut self) -> Option<SenderWork> {
-        self.work.pop_front()
+        let work = self.work.pop_front()?;
+        if let SenderWork::Read(plan) = &work {
+            self.planned_bytes += plan.bytes();
+        }
+        Some(work)
     }
 
     pub fn poll_event(&mut self) -> Option<Event> {
@@ -958,6 +1054,80 @@ mod tests {
                 }),
             ]
         );
+        assert_eq!(m.open_channels(), 1);
+    }
+
+    /// At the end, once the channels have taken every block, a channel that holds blocks
+    /// it delivers far slower than the idle ones could send them again is dropped, and
+    /// only what the receiver says did not arrive is read again (issue 19, the tail).
+    #[test]
+    fn a_straggler_at_the_tail_is_dropped_and_only_its_undelivered_blocks_go_again() {
+        let start = Instant::now();
+        let mut m = SenderMachine::new(cfg(), start);
+        m.push_entry(file("big", 1000));
+        m.walk_done();
+        drain(&mut m, start);
+        m.handle_message(start, Message::ManifestAck { through: 1 })
+            .unwrap();
+        assert_eq!(works(&mut m).len(), 1);
+        m.channel_opened(0);
+        m.channel_opened(1);
+        let seg = |offset| SegRef {
+            id: 0,
+            offset,
+            len: 100,
+        };
+        for i in 0..6u64 {
+            m.block_taken(start, 0, 100);
+            m.block_sent(0, vec![seg(i * 100)]).unwrap();
+        }
+        for offset in [600, 700, 800] {
+            m.block_taken(start, 1, 100);
+            m.block_sent(1, vec![seg(offset)]).unwrap();
+        }
+        let status = |index, received, closed| Message::ChannelStatus {
+            index,
+            received,
+            closed,
+        };
+        // Channel 0 delivers a block every 100 ms; channel 1 one block, then nothing.
+        for i in 1..=6u64 {
+            let at = start + Duration::from_millis(100 * i);
+            m.handle_message(at, status(0, i, false)).unwrap();
+        }
+        m.handle_message(start + Duration::from_millis(500), status(1, 1, false))
+            .unwrap();
+        let rtt = Duration::from_millis(10);
+        let now = start + Duration::from_secs(3);
+        // Not while a block is still on its way to a channel.
+        assert!(m.cut_stragglers(now, rtt).is_empty());
+        // The last one is taken by channel 1, whose socket has no room for it yet.
+        m.block_taken(now, 1, 100);
+        assert_eq!(m.cut_stragglers(now, rtt), vec![1]);
+        assert_eq!(drain(&mut m, now), vec![Message::DropChannel { index: 1 }]);
+        // Once is enough.
+        assert!(m.cut_stragglers(now, rtt).is_empty());
+        m.handle_message(now, status(1, 2, true)).unwrap();
+        // The block it had in hand never went out.
+        m.block_unsent(1, vec![seg(900)]);
+        assert_eq!(
+            works(&mut m),
+            vec![
+                SenderWork::CloseChannel(1),
+                SenderWork::Read(Plan::Chunks {
+                    id: 0,
+                    size: 1000,
+                    ranges: vec![(800, 900)]
+                }),
+                SenderWork::Read(Plan::Chunks {
+                    id: 0,
+                    size: 1000,
+                    ranges: vec![(900, 1000)]
+                }),
+            ]
+        );
+        // What is read again must be taken before the tail is reached again.
+        assert!(m.cut_stragglers(now, rtt).is_empty());
         assert_eq!(m.open_channels(), 1);
     }
 

@@ -247,6 +247,9 @@ struct JsonReport<'a> {
     attempts: u32,
     /// Data channels that died mid-transfer (their blocks were sent again on others).
     channels_lost: u64,
+    /// Data channels dropped at the end because idle ones would deliver their blocks
+    /// sooner (sent again there).
+    channels_cut: u64,
     /// Request/response waits from connecting to the first data byte, on the longest
     /// chain of them (the session's own when nothing moved).
     setup_round_trips: u32,
@@ -410,6 +413,7 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool, quiet: bool) {
             failed_files: report.failed_files,
             attempts: report.attempts,
             channels_lost: report.channels_lost,
+            channels_cut: report.channels_cut,
             setup_round_trips: report.setup_round_trips,
             session_round_trips: report.session_round_trips,
             setup_seconds: report.setup_seconds,

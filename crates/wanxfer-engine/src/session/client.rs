@@ -214,6 +214,9 @@ pub struct Report {
     pub attempts: u32,
     /// Data channels that died mid-transfer and were replaced.
     pub channels_lost: u64,
+    /// Data channels dropped at the end, their blocks sent again on idle ones, because
+    /// those would deliver them sooner (a push's; a pull's sender is the server).
+    pub channels_cut: u64,
     /// What failed, file by file (also when the transfer as a whole failed).
     pub failures: Vec<FileFailure>,
     /// The first of those as the error it was, for [`Error::Files`].
@@ -797,6 +800,7 @@ fn report(
         notes: outcome.notes,
         attempts: 1,
         channels_lost: outcome.channels_lost,
+        channels_cut: outcome.channels_cut,
         failures: outcome
             .failures
             .iter()

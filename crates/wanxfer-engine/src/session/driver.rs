@@ -52,8 +52,13 @@ use crate::Error;
 /// Events the session's threads post to its loop; at most this many wait.
 pub(crate) const EVENT_QUEUE: usize = 4096;
 
-/// Blocks a receiving channel takes in between reports of its count to the sender.
-const STATUS_EVERY: u64 = 8;
+/// Payload a receiving channel takes in between reports of its count to the sender
+/// (at least a block): what lets a sender tell a channel that delivers slowly from one
+/// that is done (`SenderMachine::cut_stragglers`). One 20-byte frame per 4 MiB.
+const STATUS_BYTES: u64 = 4 << 20;
+
+/// How often a sending client checks, at the end, for channels to cut.
+const TAIL_CHECK_EVERY: Duration = Duration::from_millis(20);
 
 /// How long the end of a session waits for its threads to notice and stop.
 const WIND_DOWN: Duration = Duration::from_secs(10);
@@ -109,6 +114,9 @@ pub struct Outcome {
     pub resumed_bytes: u64,
     /// Data channels that died and were replaced.
     pub channels_lost: u64,
+    /// Data channels dropped at the end because they held blocks the idle ones could
+    /// deliver sooner (sending client; see [`Driver::cut_stragglers`]).
+    pub channels_cut: u64,
     /// Client: what the tuner chose and why, and what each channel measured.
     pub tune: Option<TuneReport>,
     /// What `cp --preserve` could not keep (the receiver's notes, once per kind) or send.
@@ -238,6 +246,8 @@ struct LinkSlot {
     retire: Cancel,
     /// Retired: its end is neither a loss nor a reason to open another.
     retiring: bool,
+    /// Cut at the tail (see [`Driver::cut_stragglers`]); retiring too.
+    cut: bool,
 }
 
 /// One session's loop.
@@ -272,6 +282,8 @@ pub struct Driver {
     manifest_round_trips: u32,
     /// Server, for a client that asked for it: when its next [`SessionStatus`] is due.
     next_status: Option<Instant>,
+    /// Sending client: when the tail was last checked for channels to cut.
+    tail_checked: Instant,
 }
 
 /// How often a server tells a client that asked how its side of the session is doing.
@@ -323,6 +335,7 @@ impl Driver {
             link_round_trips: HashMap::new(),
             manifest_round_trips,
             next_status,
+            tail_checked: Instant::now(),
         })
     }
 
@@ -380,8 +393,9 @@ impl Driver {
     }
 
     /// Client: samples the sockets when due, feeds the tuner and carries out what it
-    /// decides.
-    fn steer_tick(&mut self, now: Instant) {
+    /// decides; `tail`: a sending client's blocks are all in its channels' hands (see
+    /// [`Counted::tail`]).
+    fn steer_tick(&mut self, now: Instant, tail: bool) {
         let Some(steer) = self.steer.as_mut() else {
             return;
         };
@@ -411,6 +425,7 @@ impl Driver {
             waited_us: progress.channel_wait_us.load(Ordering::Relaxed),
             block_counted_streams: (!tcp).then_some(up),
             window_per_stream: self.setup.transport.link_window(),
+            tail,
         };
         let decisions = steer.sample(now, counted, self.control.tcp(), channels);
         progress.set_live_channels(up, steer.channel_reports(), steer.delivered());
@@ -425,6 +440,34 @@ impl Driver {
                 d.reason
             );
             self.apply_streams(d.streams);
+        }
+    }
+
+    /// Sending client, at the tail: stops the channels the machine drops because the
+    /// idle ones would send their blocks again sooner than they deliver them
+    /// (`wanxfer_session::tail`). Like a retired channel, a cut one takes no more blocks
+    /// and no other opens in its place; the receiver closes it on the machine's
+    /// `DropChannel`, and what it did not deliver is read and sent again.
+    fn cut_stragglers(&mut self, machine: &mut SenderMachine, now: Instant) {
+        if self.setup.opener.is_none() || now < self.tail_checked + TAIL_CHECK_EVERY {
+            return;
+        }
+        self.tail_checked = now;
+        let Some(rtt) = self.steer.as_ref().and_then(Steer::min_rtt) else {
+            return;
+        };
+        for index in machine.cut_stragglers(now, rtt) {
+            if let Some(slot) = self.links.get_mut(&index) {
+                slot.retiring = true;
+                slot.cut = true;
+                slot.retire.cancel();
+            }
+            self.outcome.channels_cut += 1;
+            tracing::info!(
+                "{}: data channel {index} cut at the end: the idle channels send its \
+                 undelivered blocks again sooner than it would deliver them",
+                self.setup.peer
+            );
         }
     }
 
@@ -622,6 +665,7 @@ impl Driver {
                 closer: None,
                 retire: retire.clone(),
                 retiring: false,
+                cut: false,
             },
         );
         let events = self.events.0.clone();
@@ -747,9 +791,12 @@ impl Driver {
     /// A link is gone. A client opens another while data remains to move, after a pause
     /// that grows while opening keeps failing.
     fn link_lost(&mut self, index: u16, running: bool, failed: bool) {
-        let retired = self.links.remove(&index).is_some_and(|slot| slot.retiring);
+        let slot = self.links.remove(&index);
+        let retired = slot.as_ref().is_some_and(|slot| slot.retiring);
+        let cut = slot.as_ref().is_some_and(|slot| slot.cut);
         if let Some(steer) = self.steer.as_mut() {
             let state = match (retired, failed && running) {
+                (true, _) if cut => "cut",
                 (true, _) => "retired",
                 (false, true) => "lost",
                 (false, false) => "closed",
@@ -1205,7 +1252,8 @@ impl Driver {
                 return Ok(());
             }
             if !machine.all_resolved() {
-                self.steer_tick(now);
+                self.steer_tick(now, machine.in_tail());
+                self.cut_stragglers(&mut machine, now);
             }
             self.reopen_due(now);
             self.check_links(now)?;
@@ -1299,7 +1347,12 @@ impl Driver {
                     .block_sent(index, segments)
                     .map_err(|e| self.session_error(e))?
             }
-            Event::Link(LinkEvent::Unsent { segments }) => machine.block_unsent(segments),
+            Event::Link(LinkEvent::Taken { index, payload }) => {
+                machine.block_taken(now, index, payload)
+            }
+            Event::Link(LinkEvent::Unsent { index, segments }) => {
+                machine.block_unsent(index, segments)
+            }
             Event::Link(LinkEvent::Received { .. }) => {}
             Event::Link(LinkEvent::Ended { index, result }) => {
                 let result = fatal_or_lost(result)?;
@@ -1432,7 +1485,7 @@ impl Driver {
                 window: p.window,
                 stall_timeout: p.stall_timeout,
                 idle_timeout: p.idle_timeout,
-                status_every: STATUS_EVERY,
+                status_every: (STATUS_BYTES / u64::from(p.block_size).max(1)).max(1),
                 marked_links: p.marks_link_targets(),
             },
             now,
@@ -1519,11 +1572,18 @@ impl Driver {
                 return Ok(());
             }
             if !machine.all_resolved() {
-                self.steer_tick(now);
+                self.steer_tick(now, false);
             }
             self.reopen_due(now);
             if !machine.all_resolved() {
                 self.check_links(now)?;
+            }
+            // Due even while blocks keep coming on other channels: a quiet channel's
+            // count (`QUIET_REPORT`) must not wait for a pause in the events.
+            if machine.poll_timeout().is_some_and(|at| at <= now) {
+                machine
+                    .handle_timeout(now)
+                    .map_err(|e| self.session_error(e))?;
             }
             let deadline = self.deadline(machine.poll_timeout(), busy);
             let Some(event) = self.next_event(deadline)? else {
@@ -1572,7 +1632,9 @@ impl Driver {
                 }
                 self.link_lost(index, running, failed);
             }
-            Event::Link(LinkEvent::Sent { .. } | LinkEvent::Unsent { .. }) => {}
+            Event::Link(
+                LinkEvent::Taken { .. } | LinkEvent::Sent { .. } | LinkEvent::Unsent { .. },
+            ) => {}
             Event::LinkUp {
                 index,
                 closer,

@@ -707,7 +707,10 @@ fn send_blocks(
                     pacer.take(block.len as u64, &ctx.cancel);
                 }
                 if let Err(e) = sender.write(block) {
-                    (ctx.report)(LinkEvent::Unsent { segments });
+                    (ctx.report)(LinkEvent::Unsent {
+                        index: ctx.index,
+                        segments,
+                    });
                     return Err(e);
                 }
                 // Writes on one connection land in order: the receiver's count of arrived
@@ -740,7 +743,7 @@ struct FabricSender<'p> {
 /// Writes a sending channel keeps posted at once where its provider completes a write as
 /// soon as the bytes are in a kernel socket (the tcp provider, unless asked for delivery
 /// completion, which block announcement by CQ data does not need).
-const SOCKET_POSTED: usize = 2;
+const SOCKET_POSTED: usize = 1;
 
 /// Writes a sending channel over `provider` may have posted at once, with `slots` granted.
 ///
@@ -751,10 +754,15 @@ const SOCKET_POSTED: usize = 2;
 /// connections do not leave their start-up alike: on path (b) (100 ms, 1 Gbit/s, 0.01%
 /// loss) one of eight sometimes carried 60-100 Mbit/s for seconds, and the blocks it held
 /// (every slot: 20 MiB at 4 MiB blocks) arrived a second after the others had emptied
-/// the queue. With two posted, one being copied and one behind it, the socket never
-/// waits for a post, and a slow connection holds only those (with [`bound_unsent`],
-/// which bounds its socket). On RDMA hardware a write completes when the peer has it, so
-/// every slot may be on the wire.
+/// the queue. One posted is enough: its write completes once its last byte is in the
+/// socket, which then still holds up to two blocks unsent ([`bound_unsent`]), time enough
+/// to post the next; a slow connection holds only that one and its socket's. A second
+/// posted write, waiting behind the first, was one more block committed to a connection
+/// that might be the slow one: alternating the two builds on (b), 24 runs each, the
+/// fabric push took over 3.78 s (0.9 of TCP's 3.4 s) in 1 run with one posted against 6
+/// with two (medians 3.51 s and 3.56 s), and (d) ran at 7.39 s with either
+/// (bench/runs/tail-2026-11-28.md). On RDMA hardware a write completes when the peer has
+/// it, so every slot may be on the wire.
 fn posted_cap(provider: &str, slots: u32) -> usize {
     let slots = slots as usize;
     if provider == "tcp" {
@@ -1151,11 +1159,11 @@ mod tests {
         assert_eq!(block.damaged, [true]);
     }
 
-    /// Over the tcp provider a channel posts two writes at most, whatever its slots; over
+    /// Over the tcp provider a channel posts one write at a time, whatever its slots; over
     /// a provider whose writes complete at the peer, every slot may be posted.
     #[test]
     fn only_the_tcp_provider_keeps_writes_back_from_its_slots() {
-        assert_eq!(posted_cap("tcp", 5), SOCKET_POSTED);
+        assert_eq!(posted_cap("tcp", 5), 1);
         assert_eq!(posted_cap("tcp", 1), 1);
         assert_eq!(posted_cap("verbs", 5), 5);
         assert_eq!(posted_cap("verbs;ofi_rxm", 17), 17);

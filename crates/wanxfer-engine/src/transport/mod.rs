@@ -38,10 +38,13 @@ pub use tcp::{TcpChannel, TcpTransport};
 /// What a link's pump tells the session.
 #[derive(Debug)]
 pub enum LinkEvent {
+    /// Link `index` took a block of `payload` bytes from the queue; `Sent` or `Unsent`
+    /// follows.
+    Taken { index: u16, payload: u64 },
     /// A block went out whole on link `index`.
     Sent { index: u16, segments: Vec<SegRef> },
-    /// A block could not go out (its link failed first).
-    Unsent { segments: Vec<SegRef> },
+    /// A block could not go out on link `index` (it failed first).
+    Unsent { index: u16, segments: Vec<SegRef> },
     /// A whole block arrived on link `index` and went to the writers.
     Received { index: u16 },
     /// The pump of link `index` ended: cleanly, or with why. Nothing more comes from it.
@@ -259,6 +262,13 @@ pub(crate) fn next_block(
     ctx.progress
         .channel_wait_us
         .fetch_add(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
+    if let Ok(block) = &next {
+        let payload = block.segments.iter().map(|s| u64::from(s.len)).sum();
+        (ctx.report)(LinkEvent::Taken {
+            index: ctx.index,
+            payload,
+        });
+    }
     next
 }
 
@@ -281,7 +291,10 @@ pub fn pump_out(tx: &mut dyn BlockTx, queue: &Receiver<Block>, ctx: &PumpCtx) ->
                 let segments = seg_refs(&block);
                 let len = block.len as u64;
                 if let Err(e) = tx.send(block) {
-                    (ctx.report)(LinkEvent::Unsent { segments });
+                    (ctx.report)(LinkEvent::Unsent {
+                        index: ctx.index,
+                        segments,
+                    });
                     return Err(e);
                 }
                 ctx.progress.moved(ctx.index, len);

@@ -325,7 +325,7 @@ impl Pair {
 
     fn op(&mut self, input: &mut Input) {
         let t = now(self);
-        match input.byte() % 24 {
+        match input.byte() % 26 {
             0 => {
                 let (kind, size) = (input.byte(), input.small() * 16);
                 if let Some(m) = self.snd.as_mut().filter(|m| m.wants_entries()) {
@@ -456,7 +456,7 @@ impl Pair {
                     None => segs(input),
                 };
                 if let Some(m) = self.snd.as_mut() {
-                    m.block_unsent(segs);
+                    m.block_unsent(u16::from(input.byte() % 4), segs);
                 }
             }
             15 => {
@@ -524,6 +524,18 @@ impl Pair {
                         }
                     }
                     self.poll();
+                }
+            }
+            23 => {
+                let (index, payload) = (u16::from(input.byte() % 4), input.small() * 16);
+                if let Some(m) = self.snd.as_mut() {
+                    m.block_taken(t, index, payload);
+                }
+            }
+            24 => {
+                let rtt = Duration::from_millis(u64::from(input.byte()));
+                if let Some(m) = self.snd.as_mut() {
+                    m.cut_stragglers(t, rtt);
                 }
             }
             _ => {

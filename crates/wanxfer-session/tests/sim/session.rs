@@ -86,6 +86,8 @@ pub struct SessionReport {
     pub bytes_resent: u64,
     pub channels_opened: u64,
     pub channels_died: u64,
+    /// Channels the sending client cut at the end (`SenderMachine::cut_stragglers`).
+    pub channels_cut: u64,
     pub messages: u64,
     pub failures: u64,
     pub crashed: Option<Side>,
@@ -147,11 +149,16 @@ enum Ev {
     // Into the sender's loop.
     SMsg(Message),
     SCtlEnd,
+    STaken {
+        index: u16,
+        payload: u64,
+    },
     SSent {
         index: u16,
         segs: Vec<SegRef>,
     },
     SUnsent {
+        index: u16,
         segs: Vec<SegRef>,
     },
     SLinkEnded {
@@ -276,6 +283,8 @@ struct Snd {
     send_queue: VecDeque<Block>,
     /// Open pumps and the block each is putting on the wire.
     pumps: BTreeMap<u16, Option<Block>>,
+    /// Channels cut at the end: their pumps take no more blocks, and no other opens.
+    cut: BTreeSet<u16>,
     outcomes: HashMap<u64, Outcome>,
     timer: Option<Duration>,
     poll_pending: bool,
@@ -568,6 +577,7 @@ impl<'w> Session<'w> {
             readers_busy: 0,
             send_queue: VecDeque::new(),
             pumps: BTreeMap::new(),
+            cut: BTreeSet::new(),
             outcomes: HashMap::new(),
             timer: None,
             poll_pending: false,
@@ -674,18 +684,27 @@ impl<'w> Session<'w> {
                 s.m.block_sent(index, segs).map_err(|e| bug("sender", e))?;
                 self.poll_soon(Side::Sender)?;
             }
-            Ev::SUnsent { segs } => {
+            Ev::STaken { index, payload } => {
+                let inst = self.inst();
                 let Some(s) = self.snd.as_mut() else {
                     return Ok(());
                 };
-                s.m.block_unsent(segs);
+                s.m.block_taken(inst, index, payload);
+                self.poll_soon(Side::Sender)?;
+            }
+            Ev::SUnsent { index, segs } => {
+                let Some(s) = self.snd.as_mut() else {
+                    return Ok(());
+                };
+                s.m.block_unsent(index, segs);
                 self.poll_soon(Side::Sender)?;
             }
             Ev::SLinkEnded { index } => {
                 let Some(s) = self.snd.as_mut() else {
                     return Ok(());
                 };
-                let running = !s.m.all_resolved();
+                // A cut channel's end is no loss: nothing opens in its place.
+                let running = !s.m.all_resolved() && !s.cut.contains(&index);
                 s.m.channel_failed(index);
                 self.link_lost(Side::Sender, index, running);
                 self.poll_soon(Side::Sender)?;
@@ -1219,6 +1238,22 @@ impl<'w> Session<'w> {
         self.transmit(Side::Sender)?;
         self.sender_work()?;
         self.start_readers();
+        let inst = self.inst();
+        let rtt = self.w.cfg.latency.0 * 2;
+        let Some(s) = self.snd.as_mut() else {
+            return Ok(());
+        };
+        // As the engine's driver does, on a sending client only.
+        let cut = if s.links.client {
+            s.m.cut_stragglers(inst, rtt)
+        } else {
+            Vec::new()
+        };
+        s.cut.extend(cut.iter().copied());
+        for index in cut {
+            self.report.channels_cut += 1;
+            self.trace(|| format!("channel {index} cut at the end"));
+        }
         let Some(s) = self.snd.as_mut() else {
             return Ok(());
         };
@@ -1442,7 +1477,7 @@ impl<'w> Session<'w> {
         let mut idle: Vec<u16> = s
             .pumps
             .iter()
-            .filter(|(_, b)| b.is_none())
+            .filter(|(i, b)| b.is_none() && !s.cut.contains(i))
             .map(|(i, _)| *i)
             .collect();
         idle.shuffle(&mut self.w.rng);
@@ -1451,7 +1486,13 @@ impl<'w> Session<'w> {
             let Some(block) = s.send_queue.pop_front() else {
                 return;
             };
+            let payload = block.segs.iter().map(|g| u64::from(g.len)).sum();
             s.pumps.insert(index, Some(block));
+            self.ordered(
+                Stream::SenderPump(index),
+                Duration::ZERO,
+                Ev::STaken { index, payload },
+            );
             let block_time = self.w.cfg.block_time;
             let d = self.between(block_time);
             self.after(d, Ev::PumpDone { index });
@@ -1510,7 +1551,10 @@ impl<'w> Session<'w> {
             self.ordered(
                 Stream::SenderPump(index),
                 Duration::ZERO,
-                Ev::SUnsent { segs: block.refs() },
+                Ev::SUnsent {
+                    index,
+                    segs: block.refs(),
+                },
             );
         }
         let d = self.up_to(Duration::from_micros(200));
@@ -1602,6 +1646,11 @@ impl<'w> Session<'w> {
             self.w.cfg.weather.apply_fail
         };
         if self.chance(fail) {
+            // As the engine's sink does: data a fresh pull's sender sent behind the entry
+            // is dropped (seed 82348 found the model ending the session on it).
+            if let Some(r) = self.rcv.as_mut() {
+                r.failed.insert(id);
+            }
             return Ok(Applied::Failed(Failure {
                 class: FailureClass::Refused,
                 offset: 0,
@@ -2343,6 +2392,7 @@ fn fed(ev: &Ev) -> Option<Side> {
     match ev {
         Ev::SMsg(_)
         | Ev::SCtlEnd
+        | Ev::STaken { .. }
         | Ev::SSent { .. }
         | Ev::SUnsent { .. }
         | Ev::SLinkEnded { .. }

@@ -90,6 +90,7 @@ pub struct Summary {
     pub crashes: u64,
     pub faulted: u64,
     pub channels_died: u64,
+    pub channels_cut: u64,
     pub steps: u64,
     pub bytes_resent: u64,
 }
@@ -101,6 +102,7 @@ impl Summary {
         self.crashes += other.crashes;
         self.faulted += other.faulted;
         self.channels_died += other.channels_died;
+        self.channels_cut += other.channels_cut;
         self.steps += other.steps;
         self.bytes_resent += other.bytes_resent;
     }
@@ -168,6 +170,7 @@ impl World {
             summary.sessions += 1;
             summary.steps += report.steps;
             summary.channels_died += report.channels_died;
+            summary.channels_cut += report.channels_cut;
             summary.bytes_resent += report.bytes_resent;
             summary.crashes += u64::from(report.crashed.is_some());
             summary.faulted += u64::from(report.faulted);
