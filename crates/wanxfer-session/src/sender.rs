@@ -80,6 +80,9 @@ struct Ledger {
     received: u64,
     /// Blocks sent and not yet confirmed: their index on the channel and their segments.
     pending: VecDeque<(u64, Vec<SegRef>)>,
+    /// Their payload bytes, kept as they come and go: [`Ledger::held`] is asked per
+    /// block taken.
+    pending_bytes: u64,
     /// Payload bytes of blocks the channel took and has not yet reported sent or unsent
     /// (a TCP write waiting for room in its socket).
     in_hand: u64,
@@ -101,6 +104,7 @@ impl Ledger {
             sent: 0,
             received: 0,
             pending: VecDeque::new(),
+            pending_bytes: 0,
             in_hand: 0,
             busy_since: None,
             confirmed_bytes: 0,
@@ -115,15 +119,28 @@ impl Ledger {
             .is_some_and(|(index, _)| *index < self.received)
         {
             if let Some((_, segments)) = self.pending.pop_front() {
-                self.confirmed_bytes += payload(&segments);
+                let bytes = payload(&segments);
+                self.pending_bytes -= bytes;
+                self.confirmed_bytes += bytes;
             }
         }
         self.confirmations.confirmed(now, self.confirmed_bytes);
     }
 
+    fn push_pending(&mut self, at: u64, segments: Vec<SegRef>) {
+        self.pending_bytes += payload(&segments);
+        self.pending.push_back((at, segments));
+    }
+
+    /// Every block sent and not confirmed, out of the ledger.
+    fn take_pending(&mut self) -> Vec<SegRef> {
+        self.pending_bytes = 0;
+        self.pending.drain(..).flat_map(|(_, s)| s).collect()
+    }
+
     /// Payload bytes it holds: taken and not sent yet, or sent and not confirmed.
     fn held(&self) -> u64 {
-        self.in_hand + self.pending.iter().map(|(_, s)| payload(s)).sum::<u64>()
+        self.in_hand + self.pending_bytes
     }
 }
 
@@ -567,7 +584,7 @@ impl SenderMachine {
                 "the receiver confirmed none of the last {MAX_UNCONFIRMED_BLOCKS} blocks on channel {index}"
             )));
         }
-        ledger.pending.push_back((at, segments));
+        ledger.push_pending(at, segments);
         Ok(())
     }
 
@@ -595,7 +612,7 @@ impl SenderMachine {
             // message now would keep this side from being done (or fail on the closed
             // connection) before the receiver's closing numbers are read.
             ledger.state = ChannelState::Closed;
-            ledger.pending.clear();
+            ledger.take_pending();
             return;
         }
         ledger.state = ChannelState::Dropping;
@@ -623,7 +640,7 @@ impl SenderMachine {
         ledger.trim(now);
         if closed {
             ledger.state = ChannelState::Closed;
-            let lost: Vec<SegRef> = ledger.pending.drain(..).flat_map(|(_, s)| s).collect();
+            let lost = ledger.take_pending();
             self.work.push_back(SenderWork::CloseChannel(index));
             self.requeue(lost);
         }
