@@ -201,6 +201,7 @@ def wanxfer(path, size, flags, timeout=3600, progress=False, tool="wanxfer"):
         "streams": r["streams"],
         "channels": len(r.get("channels") or []),
         "channels_cut": r.get("channels_cut", 0),
+        "channels_held_back": r.get("channels_held_back", 0),
         "decisions": tuning.get("decisions"),
         "min_rtt_ms": tuning.get("min_rtt_ms"),
         "emu": emu_summary(report),

@@ -14,6 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
 use crate::link::{Decision, Link};
 use crate::packet::{self, VnetHdr, VNET_HDR_LEN};
 use crate::{Config, FlowOutage, Outage, Report};
@@ -76,13 +79,17 @@ struct Flows<'a> {
     outages: &'a [FlowOutage],
     /// Number (from 1) and opening time of each connection.
     seen: HashMap<packet::FlowKey, (u32, u64)>,
+    /// For outages that lose a share of packets (a stream of its own, so that the
+    /// links' draws stay what they are without them).
+    rng: ChaCha8Rng,
 }
 
 impl<'a> Flows<'a> {
-    fn new(outages: &'a [FlowOutage]) -> Self {
+    fn new(outages: &'a [FlowOutage], seed: u64) -> Self {
         Flows {
             outages,
             seen: HashMap::new(),
+            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_f10e),
         }
     }
 
@@ -103,9 +110,13 @@ impl<'a> Flows<'a> {
             None => return false,
         };
         let age = Duration::from_nanos(now.saturating_sub(opened));
-        self.outages
+        let loss = self
+            .outages
             .iter()
-            .any(|o| o.flow == flow && o.from <= age && age < o.to)
+            .filter(|o| o.flow == flow && o.from <= age && age < o.to)
+            .map(|o| o.loss)
+            .fold(0.0, f64::max);
+        loss >= 1.0 || (loss > 0.0 && self.rng.random_bool(loss))
     }
 }
 
@@ -130,7 +141,7 @@ pub fn run(
     let mut line = DelayLine::default();
     let mut buf = vec![0u8; FRAME_MAX];
     let mut published = Duration::ZERO;
-    let mut flows = Flows::new(&config.flow_outages);
+    let mut flows = Flows::new(&config.flow_outages, config.seed);
     while !stop.load(Ordering::Relaxed) {
         let now = start.elapsed();
         deliver_due(&mut line, &mut devices, &mut links, now.as_nanos() as u64)?;

@@ -52,10 +52,12 @@ pub struct Outage {
     pub both_ways: bool,
 }
 
-/// A span during which one TCP connection, both ways, loses every packet while the
-/// others carry on: one stream of several going dark behind a failing router or a
-/// stuck ECMP path, which is what a data mover's failover has to notice.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A span during which one TCP connection, both ways, loses every packet (or a share of
+/// them) while the others carry on: one stream of several going dark behind a failing
+/// router or a stuck ECMP path, which is what a data mover's failover has to notice, or
+/// hashed onto a lossy member of a link aggregate, so that it runs far slower than its
+/// siblings, which is what its scheduling at the end has to notice.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FlowOutage {
     /// The connection, counted from 1 in the order the emulator sees them open (their
     /// first SYN), whichever side opens them.
@@ -63,6 +65,20 @@ pub struct FlowOutage {
     /// From the connection's opening.
     pub from: Duration,
     pub to: Duration,
+    /// The share of its packets lost in the span: 1 for dark.
+    pub loss: f64,
+}
+
+impl FlowOutage {
+    /// Connection `flow` loses every packet from `from` on.
+    pub fn dark(flow: u32, from: Duration) -> FlowOutage {
+        FlowOutage {
+            flow,
+            from,
+            to: Duration::MAX,
+            loss: 1.0,
+        }
+    }
 }
 
 /// The whole emulated path.

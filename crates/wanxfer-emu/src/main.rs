@@ -58,8 +58,9 @@ struct Args {
     blackhole: Vec<(Duration, Duration)>,
     /// The Nth TCP connection to open (from 1) loses every packet, both ways, in this
     /// span from its opening, while the others carry on (e.g. 3@1s.. for one stream of
-    /// several going dark for good); repeatable.
-    #[arg(long, value_parser = parse_flow_outage, value_name = "N@FROM..TO")]
+    /// several going dark for good); with =P, only that share of them (3@0s..=0.02: one
+    /// stream on a lossy member of an aggregate); repeatable.
+    #[arg(long, value_parser = parse_flow_outage, value_name = "N@FROM..TO[=P]")]
     cut_flow: Vec<FlowOutage>,
     /// Seed for every random choice (printed in the report).
     #[arg(long, default_value_t = 1)]
@@ -274,13 +275,42 @@ fn parse_span(s: &str) -> Result<(Duration, Duration), String> {
 }
 
 fn parse_flow_outage(s: &str) -> Result<FlowOutage, String> {
-    let (flow, span) = s
+    let (flow, rest) = s
         .split_once('@')
-        .ok_or_else(|| format!("{s:?}: expected N@FROM..TO, e.g. 3@1s.."))?;
+        .ok_or_else(|| format!("{s:?}: expected N@FROM..TO[=P], e.g. 3@1s.."))?;
     let flow = match flow.trim().parse::<u32>() {
         Ok(n) if n > 0 => n,
         _ => return Err(format!("{flow:?}: connections are counted from 1")),
     };
+    let (span, loss) = match rest.split_once('=') {
+        Some((span, p)) => match p.trim().parse::<f64>() {
+            Ok(p) if p > 0.0 && p <= 1.0 => (span, p),
+            _ => return Err(format!("{p:?}: a share of packets lost, in (0, 1]")),
+        },
+        None => (rest, 1.0),
+    };
     let (from, to) = parse_span(span)?;
-    Ok(FlowOutage { flow, from, to })
+    Ok(FlowOutage {
+        flow,
+        from,
+        to,
+        loss,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flow_outage_is_dark_unless_given_a_share() {
+        let dark = parse_flow_outage("3@1s..").unwrap();
+        assert_eq!(dark, FlowOutage::dark(3, Duration::from_secs(1)));
+        let lossy = parse_flow_outage("2@0s..5s=0.02").unwrap();
+        assert_eq!((lossy.flow, lossy.loss), (2, 0.02));
+        assert_eq!(lossy.to, Duration::from_secs(5));
+        for bad in ["3@1s..=0", "3@1s..=1.5", "3@1s..=x", "0@1s..", "3"] {
+            assert!(parse_flow_outage(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -167,11 +167,9 @@ fn a_flow_outage_darkens_one_connection_and_spares_the_rest() {
         return;
     }
     let mut config = Config::default();
-    config.flow_outages.push(FlowOutage {
-        flow: 2,
-        from: Duration::ZERO,
-        to: Duration::MAX,
-    });
+    config
+        .flow_outages
+        .push(FlowOutage::dark(2, Duration::ZERO));
     let emu = Emulator::start(config).unwrap();
     let mut server = emu
         .right("python3")

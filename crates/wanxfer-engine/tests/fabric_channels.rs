@@ -54,6 +54,7 @@ fn ctx(progress: Arc<Progress>) -> PumpCtx {
         report: Arc::new(|_: LinkEvent| {}),
         cancel: Cancel::default(),
         retire: Cancel::default(),
+        held_back: Default::default(),
         pacer: None,
         progress,
         peer: "test".into(),

@@ -178,6 +178,8 @@ pub struct SenderMachine {
     /// [`Self::cut_stragglers`]).
     planned_bytes: u64,
     taken_bytes: u64,
+    /// Payload bytes of the reads in `work` (see [`Self::untaken`]).
+    queued_read_bytes: u64,
 }
 
 impl SenderMachine {
@@ -199,6 +201,7 @@ impl SenderMachine {
             notes: 0,
             planned_bytes: 0,
             taken_bytes: 0,
+            queued_read_bytes: 0,
         }
     }
 
@@ -320,7 +323,7 @@ impl SenderMachine {
                 self.plan(id, &mut plans);
             }
             self.planner.flush(&mut plans);
-            self.work.extend(plans.into_iter().map(SenderWork::Read));
+            self.queue_reads(plans);
             self.awaiting_ack.push_back((self.next_id, Vec::new()));
         } else {
             self.awaiting_ack.push_back((self.next_id, with_data));
@@ -434,7 +437,7 @@ impl SenderMachine {
             }
             self.planner.flush(&mut plans);
         }
-        self.work.extend(plans.into_iter().map(SenderWork::Read));
+        self.queue_reads(plans);
         Ok(())
     }
 
@@ -523,7 +526,7 @@ impl SenderMachine {
         let mut plans = Vec::new();
         self.planner.add_ranges(id, size, missing, &mut plans);
         self.planner.flush(&mut plans);
-        self.work.extend(plans.into_iter().map(SenderWork::Read));
+        self.queue_reads(plans);
         have.bytes()
     }
 
@@ -665,7 +668,53 @@ impl SenderMachine {
             self.planner.add_ranges(id, size, list, &mut plans);
         }
         self.planner.flush(&mut plans);
+        self.queue_reads(plans);
+    }
+
+    /// Reads to hand out, after what is already queued.
+    fn queue_reads(&mut self, plans: Vec<Plan>) {
+        self.queued_read_bytes += plans.iter().map(Plan::bytes).sum::<u64>();
         self.work.extend(plans.into_iter().map(SenderWork::Read));
+    }
+
+    /// Payload bytes no channel has taken yet, once every one is known: every entry
+    /// announced and acknowledged (so planned), none being verified (which may plan more).
+    fn untaken(&self) -> Option<u64> {
+        let known = self.end_sent
+            && self.batch.is_empty()
+            && self.awaiting_ack.is_empty()
+            && self.files.values().all(|f| !f.verifying);
+        known.then(|| self.planned_bytes.saturating_sub(self.taken_bytes) + self.queued_read_bytes)
+    }
+
+    /// The open channels, as [`crate::tail`] judges them.
+    fn tail_channels(&self, now: Instant) -> Vec<TailChannel<'_>> {
+        self.channels
+            .iter()
+            .filter(|(_, l)| l.state == ChannelState::Open)
+            .map(|(index, l)| TailChannel {
+                index: *index,
+                held: l.held(),
+                busy_since: l.busy_since.unwrap_or(now),
+                confirmations: &l.confirmations,
+            })
+            .collect()
+    }
+
+    /// Before the tail, the open channels that should take no block for now: slow ones
+    /// whose next block would land after the others have sent the rest (see
+    /// [`tail::held_back`]). The caller keeps them from the queue until asked again.
+    pub fn held_back(&self, now: Instant, rtt: Duration) -> Vec<u16> {
+        match self.untaken() {
+            Some(untaken) if !self.in_tail() => tail::held_back(
+                &self.tail_channels(now),
+                untaken,
+                self.cfg.block_size,
+                rtt,
+                now,
+            ),
+            _ => Vec::new(),
+        }
     }
 
     /// Once every read has been handed out and the channels have taken all of it
@@ -678,18 +727,7 @@ impl SenderMachine {
         if !self.in_tail() {
             return Vec::new();
         }
-        let open: Vec<TailChannel> = self
-            .channels
-            .iter()
-            .filter(|(_, l)| l.state == ChannelState::Open)
-            .map(|(index, l)| TailChannel {
-                index: *index,
-                held: l.held(),
-                busy_since: l.busy_since.unwrap_or(now),
-                confirmations: &l.confirmations,
-            })
-            .collect();
-        let cut = tail::stragglers(&open, rtt, now);
+        let cut = tail::stragglers(&self.tail_channels(now), rtt, now);
         for index in &cut {
             if let Some(ledger) = self.channels.get_mut(index) {
                 ledger.state = ChannelState::Dropping;
@@ -770,6 +808,7 @@ impl SenderMachine {
         let work = self.work.pop_front()?;
         if let SenderWork::Read(plan) = &work {
             self.planned_bytes += plan.bytes();
+            self.queued_read_bytes -= plan.bytes();
         }
         Some(work)
     }

@@ -27,6 +27,15 @@
 //! run and made runs slower). A wrong cut wastes a little bandwidth at the very end; a
 //! right one saves up to a second on such a path, and the stall timeout (two minutes by
 //! default) when a channel goes quiet at the end without dying.
+//!
+//! Cutting still sends the slow channel's blocks twice and costs the round trip of the
+//! drop; better that the slow channel not take them. So, before the tail, a channel that
+//! runs below half the channels' mean pace is held back (takes no block for now) once the
+//! block it would take next would land after the other channels have sent everything
+//! not yet taken: `(held + block) / rate > (untaken + held by the others) / their rate`.
+//! Far from the end that never holds; in the last seconds it keeps blocks in the queue
+//! for the channels that will deliver them first, which is what a scheduler minimising
+//! the finish time of independent jobs on machines of unequal speed does.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -67,6 +76,13 @@ const STALLED_GAPS: u32 = 3;
 /// channel about as fast as the others for a sum of idle ones (their rates were measured
 /// while they shared the path, so that sum is what the path may not give them).
 const SLOW_SHARE: f64 = 0.5;
+
+/// How far from the others' end a slow channel may be held back, at most (or this many
+/// round trips, if longer). A held channel sends nothing, so its pace is not measured
+/// again: judged on a dip of its rate, it would stay held for the rest of the session.
+/// Near the end that costs at most a few seconds of one channel; a bound keeps it there.
+const HOLD_HORIZON: Duration = Duration::from_secs(3);
+const HOLD_HORIZON_ROUND_TRIPS: u32 = 20;
 
 /// A channel's recent confirmations: when, and how many of its bytes the receiver had
 /// confirmed by then.
@@ -130,26 +146,92 @@ pub struct TailChannel<'a> {
     pub confirmations: &'a Confirmations,
 }
 
+/// The mean pace of the channels whose pace is known (bytes per second), if any.
+///
+/// Every channel's pace, not only the idle ones': those finished first because they were
+/// the fastest, and half of the fastest of eight CUBIC streams on a lossy path is where
+/// an ordinary one runs now and then. The fastest channel is never below the mean, so a
+/// rule that spares channels at some share of it below 1 spares the fastest.
+fn mean_pace(channels: &[TailChannel<'_>]) -> Option<f64> {
+    let rates: Vec<f64> = channels
+        .iter()
+        .filter_map(|c| c.confirmations.rate_while_busy())
+        .collect();
+    (!rates.is_empty()).then(|| rates.iter().sum::<f64>() / rates.len() as f64)
+}
+
+/// Whether `c` has held blocks long enough to have a pace of its own (see
+/// [`SETTLE_ROUND_TRIPS`]).
+fn settled(c: &TailChannel<'_>, rtt: Duration, now: Instant) -> bool {
+    now.saturating_duration_since(c.busy_since) >= RATE_WINDOW.max(rtt * SETTLE_ROUND_TRIPS)
+}
+
+/// Which channels should take no block for now, before the tail: those below
+/// [`SLOW_SHARE`] of the channels' mean pace whose next block (of `block` bytes) would
+/// land after the channels still taking blocks have sent all `untaken` bytes (not yet
+/// taken by any channel) and what they hold. Slowest first, each judged against those
+/// not held: two slow channels must not each count on the other to take the rest. Never
+/// every channel: the fastest is never below the mean.
+pub fn held_back(
+    channels: &[TailChannel<'_>],
+    untaken: u64,
+    block: u64,
+    rtt: Duration,
+    now: Instant,
+) -> Vec<u16> {
+    let Some(mean) = mean_pace(channels) else {
+        return Vec::new();
+    };
+    let horizon = HOLD_HORIZON
+        .max(rtt * HOLD_HORIZON_ROUND_TRIPS)
+        .as_secs_f64();
+    let paced: Vec<(&TailChannel<'_>, f64)> = channels
+        .iter()
+        .map(|c| (c, c.confirmations.rate_while_busy().unwrap_or(0.0)))
+        .collect();
+    let mut candidates: Vec<(&TailChannel<'_>, f64)> = paced
+        .iter()
+        .copied()
+        .filter(|(c, rate)| *rate > 0.0 && *rate < SLOW_SHARE * mean && settled(c, rtt, now))
+        .collect();
+    candidates.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let mut held: Vec<u16> = Vec::new();
+    for (c, rate) in candidates {
+        let taking = paced
+            .iter()
+            .filter(|(o, _)| o.index != c.index && !held.contains(&o.index));
+        let (others_rate, others_held) =
+            taking.fold((0.0, 0u64), |(r, h), (o, rate)| (r + rate, h + o.held));
+        if others_rate <= 0.0 {
+            continue;
+        }
+        let others_end = (untaken + others_held) as f64 / others_rate;
+        if others_end <= horizon && (c.held + block) as f64 / rate > others_end {
+            held.push(c.index);
+        }
+    }
+    held.sort_unstable();
+    held
+}
+
 /// Which channels to cut now. Call only once every block has been handed to a channel:
 /// before that an idle channel is waiting for the readers, not for the end.
 pub fn stragglers(channels: &[TailChannel<'_>], rtt: Duration, now: Instant) -> Vec<u16> {
-    let rates: Vec<(bool, f64)> = channels
+    let idle_rate: f64 = channels
         .iter()
-        .filter_map(|c| Some((c.held == 0, c.confirmations.rate_while_busy()?)))
-        .collect();
-    let idle_rate: f64 = rates.iter().filter(|(idle, _)| *idle).map(|r| r.1).sum();
-    if idle_rate <= 0.0 {
+        .filter(|c| c.held == 0)
+        .filter_map(|c| c.confirmations.rate_while_busy())
+        .sum();
+    let Some(slow) = mean_pace(channels)
+        .filter(|_| idle_rate > 0.0)
+        .map(|mean| SLOW_SHARE * mean)
+    else {
         return Vec::new(); // nobody to send it again, or no idea how fast they would
-    }
-    // Against every channel's pace, not only the idle ones': those finished first
-    // because they were the fastest, and half of the fastest of eight CUBIC streams on a
-    // lossy path is where an ordinary one runs now and then.
-    let slow = SLOW_SHARE * rates.iter().map(|r| r.1).sum::<f64>() / rates.len() as f64;
+    };
     let round_trip = rtt.as_secs_f64();
-    let settle = RATE_WINDOW.max(rtt * SETTLE_ROUND_TRIPS);
     channels
         .iter()
-        .filter(|c| c.held > 0 && now.saturating_duration_since(c.busy_since) >= settle)
+        .filter(|c| c.held > 0 && settled(c, rtt, now))
         .filter(|c| {
             let held = c.held as f64;
             let cut = 1.5 * round_trip + held / idle_rate;
@@ -369,6 +451,98 @@ mod tests {
             chan(1, 12 * MIB, long_ago(), &slow),
         ];
         assert!(stragglers(&channels, Duration::from_millis(100), now).is_empty());
+    }
+
+    /// Path (b)'s slow run: seven channels at 20 MiB/s, one at 6 MiB/s holding 8 MiB.
+    fn eight_one_slow<'a>(
+        now: Instant,
+        fast: &'a Confirmations,
+        slow: &'a Confirmations,
+    ) -> Vec<TailChannel<'a>> {
+        let mut channels: Vec<TailChannel> = (0..7)
+            .map(|index| chan(index, 8 * MIB, now - Duration::from_secs(2), fast))
+            .collect();
+        channels.push(chan(7, 8 * MIB, now - Duration::from_secs(2), slow));
+        channels
+    }
+
+    fn paces(now: Instant) -> (Confirmations, Confirmations) {
+        let ms = Duration::from_millis;
+        (
+            steady(now, ms(200), 4 * MIB, 8),
+            steady(now, ms(667), 4 * MIB, 4),
+        )
+    }
+
+    #[test]
+    fn a_slow_channel_is_held_back_once_its_next_block_would_land_last() {
+        let now = Instant::now() + Duration::from_secs(10);
+        let (fast, slow) = paces(now);
+        let channels = eight_one_slow(now, &fast, &slow);
+        let rtt = Duration::from_millis(100);
+        // Its next block lands in (8 + 4) / 6 = 2 s; the others send 200 MiB and their
+        // 56 in 256 / 140 = 1.8 s.
+        assert_eq!(held_back(&channels, 200 * MIB, 4 * MIB, rtt, now), vec![7]);
+        // With 300 MiB not yet taken they need 2.5 s: the block is worth taking.
+        assert!(held_back(&channels, 300 * MIB, 4 * MIB, rtt, now).is_empty());
+    }
+
+    #[test]
+    fn channels_of_one_pace_are_never_held_back() {
+        let now = Instant::now() + Duration::from_secs(10);
+        let (fast, _) = paces(now);
+        let channels = eight_one_slow(now, &fast, &fast);
+        let rtt = Duration::from_millis(100);
+        assert!(held_back(&channels, 0, 4 * MIB, rtt, now).is_empty());
+    }
+
+    #[test]
+    fn a_channel_is_held_back_only_once_it_has_a_pace_of_its_own() {
+        let now = Instant::now() + Duration::from_secs(10);
+        let (fast, slow) = paces(now);
+        let mut channels = eight_one_slow(now, &fast, &slow);
+        // In its slow start on a 200 ms path: busy for 1.5 s, less than ten round trips.
+        channels[7].busy_since = now - Duration::from_millis(1500);
+        let rtt = Duration::from_millis(200);
+        assert!(held_back(&channels, 0, 4 * MIB, rtt, now).is_empty());
+        channels[7].busy_since = now - Duration::from_secs(2);
+        assert_eq!(held_back(&channels, 0, 4 * MIB, rtt, now), vec![7]);
+    }
+
+    /// Two slow channels beside one fast one: each alone could be spared, but not both,
+    /// or the fast one would have to send all that is left.
+    #[test]
+    fn slow_channels_do_not_each_count_on_the_other_to_take_the_rest() {
+        let now = Instant::now() + Duration::from_secs(10);
+        let ms = Duration::from_millis;
+        let fast = steady(now, ms(200), 4 * MIB, 8); // 20 MiB/s
+        let slower = steady(now, ms(1333), 4 * MIB, 8); // 3 MiB/s
+        let slow = steady(now, ms(1143), 4 * MIB, 8); // 3.5 MiB/s
+        let since = now - Duration::from_secs(2);
+        let channels = [
+            chan(0, 4 * MIB, since, &fast),
+            chan(1, 4 * MIB, since, &slower),
+            chan(2, 4 * MIB, since, &slow),
+        ];
+        let rtt = Duration::from_millis(50);
+        // Channel 1's next block lands in 2.67 s, the 43 MiB left on 0 and 2 in 2.17 s:
+        // held. Then channel 2's in 2.29 s, the rest on 0 alone in 2.35 s: it takes it
+        // (counting on channel 1 as well, it would be held too).
+        assert_eq!(held_back(&channels, 43 * MIB, 4 * MIB, rtt, now), vec![1]);
+    }
+
+    #[test]
+    fn nothing_is_held_back_far_from_the_end() {
+        let now = Instant::now() + Duration::from_secs(10);
+        let ms = Duration::from_millis;
+        let fast = steady(now, ms(200), 4 * MIB, 8);
+        // At 0.4 MiB/s its next block would take half a minute, but the others have
+        // 4 s of work left: its pace may be a dip, and held it is not measured again.
+        let crawling = steady(now, ms(10_000), 4 * MIB, 2);
+        let channels = eight_one_slow(now, &fast, &crawling);
+        let rtt = Duration::from_millis(100);
+        assert!(held_back(&channels, 500 * MIB, 4 * MIB, rtt, now).is_empty());
+        assert_eq!(held_back(&channels, 300 * MIB, 4 * MIB, rtt, now), vec![7]);
     }
 
     #[test]

@@ -250,6 +250,9 @@ struct JsonReport<'a> {
     /// Data channels dropped at the end because idle ones would deliver their blocks
     /// sooner (sent again there).
     channels_cut: u64,
+    /// Data channels slower than the others that took no more blocks near the end,
+    /// left to faster ones.
+    channels_held_back: u64,
     /// Request/response waits from connecting to the first data byte, on the longest
     /// chain of them (the session's own when nothing moved).
     setup_round_trips: u32,
@@ -414,6 +417,7 @@ pub fn print_report(report: &Report, tuning: &Tuning, json: bool, quiet: bool) {
             attempts: report.attempts,
             channels_lost: report.channels_lost,
             channels_cut: report.channels_cut,
+            channels_held_back: report.channels_held_back,
             setup_round_trips: report.setup_round_trips,
             session_round_trips: report.session_round_trips,
             setup_seconds: report.setup_seconds,

@@ -193,8 +193,10 @@ fn report(s: &TransferSummary, req: &ThirdPartyRequest) -> Report {
         transport: "tcp",
         attempts: s.attempts,
         channels_lost: s.channels_lost,
-        // The source's push client cuts its own channels; its status carries no count.
+        // The source's push client cuts and holds back its own channels; its status
+        // carries no count.
         channels_cut: 0,
+        channels_held_back: 0,
         failures: s
             .failures
             .iter()

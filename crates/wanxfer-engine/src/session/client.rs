@@ -217,6 +217,9 @@ pub struct Report {
     /// Data channels dropped at the end, their blocks sent again on idle ones, because
     /// those would deliver them sooner (a push's; a pull's sender is the server).
     pub channels_cut: u64,
+    /// Data channels kept from taking more blocks near the end because faster ones
+    /// would deliver them first (a push's).
+    pub channels_held_back: u64,
     /// What failed, file by file (also when the transfer as a whole failed).
     pub failures: Vec<FileFailure>,
     /// The first of those as the error it was, for [`Error::Files`].
@@ -801,6 +804,7 @@ fn report(
         attempts: 1,
         channels_lost: outcome.channels_lost,
         channels_cut: outcome.channels_cut,
+        channels_held_back: outcome.channels_held_back,
         failures: outcome
             .failures
             .iter()

@@ -21,7 +21,7 @@
 
 use crate::stream::Stream;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -117,6 +117,9 @@ pub struct Outcome {
     /// Data channels dropped at the end because they held blocks the idle ones could
     /// deliver sooner (sending client; see [`Driver::cut_stragglers`]).
     pub channels_cut: u64,
+    /// Data channels kept from taking blocks near the end because faster ones would
+    /// deliver them first (sending client; see [`Driver::hold_back`]).
+    pub channels_held_back: u64,
     /// Client: what the tuner chose and why, and what each channel measured.
     pub tune: Option<TuneReport>,
     /// What `cp --preserve` could not keep (the receiver's notes, once per kind) or send.
@@ -248,6 +251,10 @@ struct LinkSlot {
     retiring: bool,
     /// Cut at the tail (see [`Driver::cut_stragglers`]); retiring too.
     cut: bool,
+    /// Set while it should take no block (see [`PumpCtx::held_back`]).
+    held_back: Arc<AtomicBool>,
+    /// Held back at some point (counted once in `channels_held_back`).
+    was_held_back: bool,
 }
 
 /// One session's loop.
@@ -282,7 +289,7 @@ pub struct Driver {
     manifest_round_trips: u32,
     /// Server, for a client that asked for it: when its next [`SessionStatus`] is due.
     next_status: Option<Instant>,
-    /// Sending client: when the tail was last checked for channels to cut.
+    /// Sending client: when the channels were last checked for ones to hold back or cut.
     tail_checked: Instant,
 }
 
@@ -443,12 +450,9 @@ impl Driver {
         }
     }
 
-    /// Sending client, at the tail: stops the channels the machine drops because the
-    /// idle ones would send their blocks again sooner than they deliver them
-    /// (`wanxfer_session::tail`). Like a retired channel, a cut one takes no more blocks
-    /// and no other opens in its place; the receiver closes it on the machine's
-    /// `DropChannel`, and what it did not deliver is read and sent again.
-    fn cut_stragglers(&mut self, machine: &mut SenderMachine, now: Instant) {
+    /// Sending client, near the end: holds slow channels back, then cuts stragglers
+    /// (`wanxfer_session::tail`).
+    fn judge_channels(&mut self, machine: &mut SenderMachine, now: Instant) {
         if self.setup.opener.is_none() || now < self.tail_checked + TAIL_CHECK_EVERY {
             return;
         }
@@ -456,6 +460,40 @@ impl Driver {
         let Some(rtt) = self.steer.as_ref().and_then(Steer::min_rtt) else {
             return;
         };
+        self.hold_back(&machine.held_back(now, rtt));
+        self.cut_stragglers(machine, now, rtt);
+    }
+
+    /// Keeps `held` (the machine's choice) from taking blocks, and lets every other
+    /// link take them. If no link would be left to take them (the others retiring), none
+    /// is held: slow is better than stuck.
+    fn hold_back(&mut self, held: &[u16]) {
+        let takers = self
+            .links
+            .iter()
+            .filter(|(index, slot)| !slot.retiring && !held.contains(index))
+            .count();
+        for (index, slot) in &mut self.links {
+            let hold = takers > 0 && held.contains(index);
+            if slot.held_back.swap(hold, Ordering::Relaxed) != hold {
+                tracing::debug!(
+                    "{}: data channel {index} held back: {hold}",
+                    self.setup.peer
+                );
+            }
+            if hold && !slot.was_held_back {
+                slot.was_held_back = true;
+                self.outcome.channels_held_back += 1;
+            }
+        }
+    }
+
+    /// Sending client, at the tail: stops the channels the machine drops because the
+    /// idle ones would send their blocks again sooner than they deliver them. Like a
+    /// retired channel, a cut one takes no more blocks and no other opens in its place;
+    /// the receiver closes it on the machine's `DropChannel`, and what it did not deliver
+    /// is read and sent again.
+    fn cut_stragglers(&mut self, machine: &mut SenderMachine, now: Instant, rtt: Duration) {
         for index in machine.cut_stragglers(now, rtt) {
             if let Some(slot) = self.links.get_mut(&index) {
                 slot.retiring = true;
@@ -658,6 +696,7 @@ impl Driver {
     ) {
         let cancel = Cancel::default();
         let retire = Cancel::default();
+        let held_back = Arc::new(AtomicBool::new(false));
         self.links.insert(
             index,
             LinkSlot {
@@ -666,6 +705,8 @@ impl Driver {
                 retire: retire.clone(),
                 retiring: false,
                 cut: false,
+                held_back: held_back.clone(),
+                was_held_back: false,
             },
         );
         let events = self.events.0.clone();
@@ -677,6 +718,7 @@ impl Driver {
             }),
             cancel,
             retire,
+            held_back,
             pacer: self.pacer.clone(),
             progress: self.setup.progress.clone(),
             peer: self.setup.peer.clone(),
@@ -1253,7 +1295,10 @@ impl Driver {
             }
             if !machine.all_resolved() {
                 self.steer_tick(now, machine.in_tail());
-                self.cut_stragglers(&mut machine, now);
+                self.judge_channels(&mut machine, now);
+            } else {
+                // Nothing more to send: a held link must see its queue close.
+                self.hold_back(&[]);
             }
             self.reopen_due(now);
             self.check_links(now)?;

@@ -15,7 +15,7 @@
 //! number of channels can change during a session.
 
 use std::net::TcpStream;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,6 +68,10 @@ pub struct PumpCtx {
     /// Set when the session no longer wants this link (the tuner retired it): a sending
     /// pump ends its stream cleanly after the block in hand, so nothing is cut off.
     pub retire: Cancel,
+    /// Set while the session wants this link to take no block (a sending link slower
+    /// than the others near the end: `wanxfer_session::tail::held_back`); it goes on
+    /// sending what it holds.
+    pub held_back: Arc<AtomicBool>,
     /// A session-wide rate a pump keeps to by itself where the transport does not pace
     /// (receiving pumps, which pace the sender through the window they open).
     pub pacer: Option<Arc<pace::Pacer>>,
@@ -251,12 +255,17 @@ pub trait BlockRx: Send {
 
 /// The next queued block, waiting at most `wait`. The time a channel waits for a block
 /// is counted (`channel_wait_us`): it tells the tuner the readers, not the network, are
-/// what limits the session.
+/// what limits the session. A link held back waits out `wait` and takes none (nor is its
+/// wait counted: the blocks are there, kept for faster links).
 pub(crate) fn next_block(
     queue: &Receiver<Block>,
     wait: Duration,
     ctx: &PumpCtx,
 ) -> Result<Block, RecvTimeoutError> {
+    if ctx.held_back.load(Ordering::Relaxed) {
+        std::thread::sleep(wait);
+        return Err(RecvTimeoutError::Timeout);
+    }
     let asked = std::time::Instant::now();
     let next = queue.recv_timeout(wait);
     ctx.progress

@@ -88,6 +88,8 @@ pub struct SessionReport {
     pub channels_died: u64,
     /// Channels the sending client cut at the end (`SenderMachine::cut_stragglers`).
     pub channels_cut: u64,
+    /// Channels the sending client held back near the end (`SenderMachine::held_back`).
+    pub channels_held_back: u64,
     pub messages: u64,
     pub failures: u64,
     pub crashed: Option<Side>,
@@ -285,6 +287,9 @@ struct Snd {
     pumps: BTreeMap<u16, Option<Block>>,
     /// Channels cut at the end: their pumps take no more blocks, and no other opens.
     cut: BTreeSet<u16>,
+    /// Channels held back for now, and every one ever held back.
+    held: BTreeSet<u16>,
+    ever_held: BTreeSet<u16>,
     outcomes: HashMap<u64, Outcome>,
     timer: Option<Duration>,
     poll_pending: bool,
@@ -578,6 +583,8 @@ impl<'w> Session<'w> {
             send_queue: VecDeque::new(),
             pumps: BTreeMap::new(),
             cut: BTreeSet::new(),
+            held: BTreeSet::new(),
+            ever_held: BTreeSet::new(),
             outcomes: HashMap::new(),
             timer: None,
             poll_pending: false,
@@ -1243,7 +1250,24 @@ impl<'w> Session<'w> {
         let Some(s) = self.snd.as_mut() else {
             return Ok(());
         };
-        // As the engine's driver does, on a sending client only.
+        // As the engine's driver does, on a sending client only: hold back (unless no
+        // pump would be left to take blocks), then cut.
+        let held: BTreeSet<u16> = if s.links.client {
+            s.m.held_back(inst, rtt).into_iter().collect()
+        } else {
+            BTreeSet::new()
+        };
+        let takers = s
+            .pumps
+            .keys()
+            .filter(|i| !s.cut.contains(i) && !held.contains(i))
+            .count();
+        s.held = if takers > 0 { held } else { BTreeSet::new() };
+        for index in &s.held {
+            if s.ever_held.insert(*index) {
+                self.report.channels_held_back += 1;
+            }
+        }
         let cut = if s.links.client {
             s.m.cut_stragglers(inst, rtt)
         } else {
@@ -1477,7 +1501,7 @@ impl<'w> Session<'w> {
         let mut idle: Vec<u16> = s
             .pumps
             .iter()
-            .filter(|(i, b)| b.is_none() && !s.cut.contains(i))
+            .filter(|(i, b)| b.is_none() && !s.cut.contains(i) && !s.held.contains(i))
             .map(|(i, _)| *i)
             .collect();
         idle.shuffle(&mut self.w.rng);
@@ -1494,7 +1518,10 @@ impl<'w> Session<'w> {
                 Ev::STaken { index, payload },
             );
             let block_time = self.w.cfg.block_time;
-            let d = self.between(block_time);
+            let mut d = self.between(block_time);
+            if let Some((_, times)) = self.w.cfg.slow_channel.filter(|(slow, _)| *slow == index) {
+                d *= times;
+            }
             self.after(d, Ev::PumpDone { index });
         }
     }

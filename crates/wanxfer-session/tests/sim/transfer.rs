@@ -91,6 +91,7 @@ pub struct Summary {
     pub faulted: u64,
     pub channels_died: u64,
     pub channels_cut: u64,
+    pub channels_held_back: u64,
     pub steps: u64,
     pub bytes_resent: u64,
 }
@@ -103,6 +104,7 @@ impl Summary {
         self.faulted += other.faulted;
         self.channels_died += other.channels_died;
         self.channels_cut += other.channels_cut;
+        self.channels_held_back += other.channels_held_back;
         self.steps += other.steps;
         self.bytes_resent += other.bytes_resent;
     }
@@ -171,6 +173,7 @@ impl World {
             summary.steps += report.steps;
             summary.channels_died += report.channels_died;
             summary.channels_cut += report.channels_cut;
+            summary.channels_held_back += report.channels_held_back;
             summary.bytes_resent += report.bytes_resent;
             summary.crashes += u64::from(report.crashed.is_some());
             summary.faulted += u64::from(report.faulted);

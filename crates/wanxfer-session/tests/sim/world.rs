@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use wanxfer_proto::Compare;
 
@@ -78,6 +78,9 @@ pub struct Config {
     pub latency: (Duration, Duration),
     /// Time a data channel takes to put one block on the wire.
     pub block_time: (Duration, Duration),
+    /// A channel that takes this many times as long (a connection that left its
+    /// start-up slow), if any: what the sender's hold-back and cut rules are for.
+    pub slow_channel: Option<(u16, u32)>,
     /// How long a writer thread may hold a received block before placing it.
     pub place_delay: Duration,
     /// Chance that a side's loop takes several events before polling its machine.
@@ -96,6 +99,12 @@ impl Config {
         let ms = Duration::from_millis;
         let block_size = [64, 100, 256, 1000, 4096][rng.random_range(0..5)];
         let streams = rng.random_range(1..=4);
+        // Drawn aside, so that every other knob of a seed is what it was before.
+        let mut aside = ChaCha8Rng::from_seed(rng.get_seed());
+        aside.set_stream(1);
+        let slow_channel = aside
+            .random_bool(0.3)
+            .then(|| (aside.random_range(0..streams), aside.random_range(4..=40)));
         let latency_max = ms(*[2, 20, 80, 400].get(rng.random_range(0..4)).unwrap_or(&20));
         let hostile = rng.random_bool(0.75);
         let weather = if hostile {
@@ -134,6 +143,7 @@ impl Config {
             writer_capacity: [1, 3, 16, 1000][rng.random_range(0..4)],
             latency: (ms(rng.random_range(0..2)), latency_max),
             block_time: (Duration::from_micros(50), ms(rng.random_range(1..4))),
+            slow_channel,
             place_delay: ms(rng.random_range(0..30)),
             batch: pick(rng, &[0.0, 0.3, 0.8]),
             weather,
