@@ -42,8 +42,7 @@ use wanxfer_proto::{
 use wanxfer_session::negotiate::{fabric_slot_len, FABRIC_HEADER_ROOM};
 
 use super::{
-    check_header, seg_refs, tcp_info, unsent_limit, Closer, Joined, Link, LinkEvent, PumpCtx,
-    Transport,
+    check_header, seg_refs, tcp_info, Closer, Joined, Link, LinkEvent, PumpCtx, Transport,
 };
 use crate::digest::{BlockKey, PayloadVerifier};
 use crate::fs::DIRECT_ALIGN;
@@ -634,17 +633,25 @@ impl Link for FabricLink {
     }
 }
 
-/// Bounds what the kernel socket under a sending channel keeps unsent, as a TCP link's
-/// is bounded ([`unsent_limit`]), where the provider runs over one (tcp); see
-/// [`posted_cap`] for why. Through the emulator on path (b), 12 runs each with the bound
-/// set for the whole namespace and without: the slowest 3.76 s against 3.96 s (two of
-/// twelve). A connection that slow still holds two blocks and its socket's two: 2 runs
-/// of 16 with this build took 3.9-4.2 s where the rest took 3.5-3.85.
+/// Bounds what the kernel socket under a sending channel keeps unsent, where the provider
+/// runs over one (tcp), as a TCP link's is bounded ([`super::unsent_limit`]); see
+/// [`posted_cap`] for why. Through the emulator on path (b), 12 runs each with the bound set for the
+/// whole namespace and without: the slowest 3.76 s against 3.96 s (two of twelve).
+///
+/// One block (at least 1 MiB), where a TCP link's socket keeps two: a fabric channel
+/// has one more block in hand, its posted write, which completes only once all of it is
+/// in the socket, so the socket already holds the next while the one after is posted.
+/// Every block there is committed to that connection, and a connection slow from its
+/// start-up delivered the last of them after the others had emptied the queue. On (b),
+/// 10 alternating pairs of fabric pushes: one block 3.46-3.70 s (median 3.57), two
+/// 3.50-3.96 s (median 3.62), 8 of 10 pairs no slower; (d) 7.41-7.50 s against
+/// 7.43-7.47 s, (e) 1.36-1.47 s against 1.39-1.47 s (bench/runs/hold-2026-11-29.md).
 fn bound_unsent(channel: &Channel, max_payload: usize, index: u16, peer: &str) {
     let Some(socket) = channel.connection().kernel_socket() else {
         return;
     };
-    if let Err(e) = tcp_info::set_unsent_limit(&socket, unsent_limit(max_payload)) {
+    let limit = u32::try_from(max_payload).unwrap_or(u32::MAX).max(1 << 20);
+    if let Err(e) = tcp_info::set_unsent_limit(&socket, limit) {
         tracing::warn!("fabric channel {index} to {peer}: limiting its unsent bytes: {e}");
     }
 }
@@ -755,7 +762,7 @@ const SOCKET_POSTED: usize = 1;
 /// loss) one of eight sometimes carried 60-100 Mbit/s for seconds, and the blocks it held
 /// (every slot: 20 MiB at 4 MiB blocks) arrived a second after the others had emptied
 /// the queue. One posted is enough: its write completes once its last byte is in the
-/// socket, which then still holds up to two blocks unsent ([`bound_unsent`]), time enough
+/// socket, which then still holds up to a block unsent ([`bound_unsent`]), time enough
 /// to post the next; a slow connection holds only that one and its socket's. A second
 /// posted write, waiting behind the first, was one more block committed to a connection
 /// that might be the slow one: alternating the two builds on (b), 24 runs each, the

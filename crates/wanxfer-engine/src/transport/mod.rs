@@ -90,8 +90,8 @@ pub struct PumpCtx {
 /// its share of the path, before it is gone (1-2 s, while the tuner measured the count
 /// it had left), and a stream slowed by loss keeps blocks that a faster one could send.
 /// Held back, they wait in the session's queue, where whichever channel has room takes
-/// the next. Fabric channels over the tcp provider get the same bound on the provider's
-/// socket (`fabric::bound_unsent`).
+/// the next. Fabric channels over the tcp provider get a bound of one block on the
+/// provider's socket (`fabric::bound_unsent`: their posted write is the other).
 fn unsent_limit(block_size: usize) -> u32 {
     u32::try_from(block_size.saturating_mul(2))
         .unwrap_or(u32::MAX)
