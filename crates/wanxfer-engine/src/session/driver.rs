@@ -118,7 +118,7 @@ pub struct Outcome {
     /// deliver sooner (sending client; see [`Driver::cut_stragglers`]).
     pub channels_cut: u64,
     /// Data channels kept from taking blocks near the end because faster ones would
-    /// deliver them first (sending client; see [`Driver::hold_back`]).
+    /// deliver them first (sending client; see `Driver::hold_back`).
     pub channels_held_back: u64,
     /// Client: what the tuner chose and why, and what each channel measured.
     pub tune: Option<TuneReport>,

@@ -42,7 +42,8 @@ use wanxfer_proto::{
 use wanxfer_session::negotiate::{fabric_slot_len, FABRIC_HEADER_ROOM};
 
 use super::{
-    check_header, seg_refs, tcp_info, Closer, Joined, Link, LinkEvent, PumpCtx, Transport,
+    check_header, seg_refs, tcp_info, unsent_limit, Closer, Joined, Link, LinkEvent, PumpCtx,
+    Transport,
 };
 use crate::digest::{BlockKey, PayloadVerifier};
 use crate::fs::DIRECT_ALIGN;
@@ -634,9 +635,10 @@ impl Link for FabricLink {
 }
 
 /// Bounds what the kernel socket under a sending channel keeps unsent, where the provider
-/// runs over one (tcp), as a TCP link's is bounded ([`super::unsent_limit`]); see
-/// [`posted_cap`] for why. Through the emulator on path (b), 12 runs each with the bound set for the
-/// whole namespace and without: the slowest 3.76 s against 3.96 s (two of twelve).
+/// runs over one (tcp), as a TCP link's is bounded ([`unsent_limit`]); see
+/// [`posted_cap`] for why. Through the emulator on path (b), 12 runs each with the bound
+/// set for the whole namespace and without: the slowest 3.76 s against 3.96 s (two of
+/// twelve).
 ///
 /// One block (at least 1 MiB), where a TCP link's socket keeps two: a fabric channel
 /// has one more block in hand, its posted write, which completes only once all of it is
@@ -650,8 +652,7 @@ fn bound_unsent(channel: &Channel, max_payload: usize, index: u16, peer: &str) {
     let Some(socket) = channel.connection().kernel_socket() else {
         return;
     };
-    let limit = u32::try_from(max_payload).unwrap_or(u32::MAX).max(1 << 20);
-    if let Err(e) = tcp_info::set_unsent_limit(&socket, limit) {
+    if let Err(e) = tcp_info::set_unsent_limit(&socket, unsent_limit(max_payload, 1)) {
         tracing::warn!("fabric channel {index} to {peer}: limiting its unsent bytes: {e}");
     }
 }

@@ -79,9 +79,9 @@ pub struct PumpCtx {
     pub peer: String,
 }
 
-/// Bytes a sending link's socket may keep queued and not yet sent: two blocks, at least
-/// 1 MiB, so that its writer, woken when half have left, always finds the kernel a
-/// block ahead.
+/// Bytes a sending link's socket may keep queued and not yet sent: `blocks` blocks, at
+/// least 1 MiB. A TCP link keeps two ([`TCP_UNSENT_BLOCKS`]), so that its writer, woken
+/// when half have left, always finds the kernel a block ahead.
 ///
 /// Why a limit: unbounded, the kernel grows a socket's send buffer with its window, and
 /// each of (f)'s sockets (`bench/tuning.py`, 2 Gbit/s at 50 ms) held 40-65 MB it had not
@@ -92,11 +92,14 @@ pub struct PumpCtx {
 /// Held back, they wait in the session's queue, where whichever channel has room takes
 /// the next. Fabric channels over the tcp provider get a bound of one block on the
 /// provider's socket (`fabric::bound_unsent`: their posted write is the other).
-fn unsent_limit(block_size: usize) -> u32 {
-    u32::try_from(block_size.saturating_mul(2))
+fn unsent_limit(block_size: usize, blocks: usize) -> u32 {
+    u32::try_from(block_size.saturating_mul(blocks))
         .unwrap_or(u32::MAX)
         .max(1 << 20)
 }
+
+/// Blocks a TCP link's socket may keep unsent (see [`unsent_limit`]).
+const TCP_UNSENT_BLOCKS: usize = 2;
 
 /// One way of moving blocks: sets links up from joined data connections.
 pub trait Transport: Send + Sync {

@@ -122,7 +122,7 @@ impl Link for TcpLink {
             }
         }
         self.channel.own_records()?;
-        let limit = unsent_limit(self.channel.max_payload);
+        let limit = unsent_limit(self.channel.max_payload, super::TCP_UNSENT_BLOCKS);
         if let Err(e) = tcp_info::set_unsent_limit(self.channel.stream.tcp(), limit) {
             tracing::warn!(
                 "data channel {} to {}: limiting its unsent bytes: {e}",
